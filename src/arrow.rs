@@ -1,0 +1,18 @@
+//! Arrow-native tensor types, zero-copy: a dense batch is an `arrow.fixed_shape_tensor` column
+//! (FixedSizeList storage), a 1-D ragged batch a `List<T>` column whose offsets are
+//! `cu_seqlens`, and an N-D ragged batch an `arrow.variable_shape_tensor` column
+//! (Struct<data: List<T>, shape: FixedSizeList<int32, ndim>>). Buffers point into the batch's
+//! pooled allocation, which stays alive while any Arrow array refers to it.
+
+mod tensor;
+
+pub use tensor::{dense_to_arrow, element_field, ragged_to_arrow, tensor_buffer, to_record_batch};
+
+/// `ARROW:extension:name`.
+pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+/// `ARROW:extension:metadata`.
+pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
+/// Canonical fixed-shape tensor extension.
+pub const FIXED_SHAPE_TENSOR: &str = "arrow.fixed_shape_tensor";
+/// Canonical variable-shape tensor extension.
+pub const VARIABLE_SHAPE_TENSOR: &str = "arrow.variable_shape_tensor";

@@ -1,0 +1,461 @@
+//! Tensors backed by pooled allocations, the packed ragged batch, and borrowed input views.
+
+use std::sync::Arc;
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::memory::{Allocation, Allocator};
+
+/// A dense, C-contiguous, immutable tensor living in (part of) an [`Allocation`].
+///
+/// Cloning shares the allocation; the region returns to its pool when the last clone, DLPack
+/// capsule or Arrow buffer referring to it is dropped.
+#[derive(Clone)]
+pub struct Tensor {
+    alloc: Arc<Allocation>,
+    offset: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({}, {:?})", self.dtype, self.shape)
+    }
+}
+
+pub(crate) fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+impl Tensor {
+    /// Wrap bytes `offset..offset + numel(shape) * dtype.size()` of `alloc`.
+    ///
+    /// # Safety
+    /// Every byte of that range must have been initialised, and nothing may write to it
+    /// afterwards (the tensor hands out shared slices of it).
+    pub(crate) unsafe fn from_initialized(
+        alloc: Arc<Allocation>,
+        offset: usize,
+        dtype: DType,
+        shape: Vec<usize>,
+    ) -> Tensor {
+        debug_assert!(
+            offset + numel(&shape).unwrap_or(usize::MAX) * dtype.size() <= alloc.capacity()
+        );
+        Tensor { alloc, offset, dtype, shape }
+    }
+
+    /// Copy typed data into a fresh allocation with the given shape.
+    pub fn from_slice<T: Element>(allocator: &Allocator, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        let n = numel(shape).ok_or_else(|| Error::invalid("shape", format!("{shape:?} overflows")))?;
+        if n != data.len() {
+            return Err(Error::ShapeMismatch {
+                expected: format!("{n} elements for shape {shape:?}"),
+                found: format!("{} elements", data.len()),
+            });
+        }
+        let bytes = std::mem::size_of_val(data);
+        let mut alloc = allocator.allocate(bytes)?;
+        // SAFETY: source and destination are distinct regions of at least `bytes` bytes; `T`
+        // is plain old data (the `Element` contract).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), alloc.as_mut_ptr(), bytes) };
+        // SAFETY: the first `bytes` bytes were just written and are not written again.
+        Ok(unsafe { Tensor::from_initialized(Arc::new(alloc), 0, T::DTYPE, shape.to_vec()) })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape (C order).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape).unwrap_or(0)
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// Address of the first element.
+    pub fn data_ptr(&self) -> *const u8 {
+        // SAFETY: `offset` lies within the allocation (checked at construction).
+        unsafe { self.alloc.as_ptr().add(self.offset) }
+    }
+
+    /// The raw bytes, in C order.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the constructor's contract: these bytes are initialised and never written
+        // while any Tensor exists; the allocation outlives `&self`.
+        unsafe { std::slice::from_raw_parts(self.data_ptr(), self.nbytes()) }
+    }
+
+    /// The elements as a typed slice; errors when `T` is not the tensor's dtype.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DtypeMismatch { expected: self.dtype.to_string(), found: T::DTYPE.to_string() });
+        }
+        let p = self.data_ptr();
+        if (p as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Error::invalid("tensor", "data is not aligned for the element type"));
+        }
+        // SAFETY: dtype matches `T` (same size, POD), the pointer is aligned for `T` and the
+        // range is initialised (see `as_bytes`).
+        Ok(unsafe { std::slice::from_raw_parts(p.cast::<T>(), self.numel()) })
+    }
+
+    /// The allocation this tensor lives in (shared with its batch siblings).
+    pub fn allocation(&self) -> &Arc<Allocation> {
+        &self.alloc
+    }
+
+    /// A borrowed view, valid `append` input.
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView::new(self.as_bytes(), self.dtype, self.shape.clone())
+    }
+
+    /// Record `i` along the first axis, without copying (shares the allocation).
+    pub fn index_axis0(&self, i: usize) -> Result<Tensor> {
+        let n = *self.shape.first().ok_or_else(|| Error::invalid("tensor", "0-d tensor has no axis 0"))?;
+        if i >= n {
+            return Err(Error::invalid("index", format!("{i} out of range for axis 0 of length {n}")));
+        }
+        let inner = self.shape[1..].to_vec();
+        let stride = numel(&inner).unwrap_or(0) * self.dtype.size();
+        Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset + i * stride, dtype: self.dtype, shape: inner })
+    }
+
+    pub(crate) fn sub(&self, byte_offset: usize, shape: Vec<usize>) -> Tensor {
+        Tensor { alloc: self.alloc.clone(), offset: self.offset + byte_offset, dtype: self.dtype, shape }
+    }
+}
+
+/// A packed batch of variable-shape records: `values` (1-D, the store dtype), `cu_seqlens`
+/// (int32, `n + 1` record offsets in elements, starting at 0) and `shapes` (uint64, `[n, ndim]`).
+/// All three live in one allocation.
+#[derive(Clone, Debug)]
+pub struct RaggedBatch {
+    pub(crate) values: Tensor,
+    pub(crate) cu_seqlens: Tensor,
+    pub(crate) shapes: Tensor,
+}
+
+impl RaggedBatch {
+    /// Assemble from parts that were validated by the caller (crate-internal gather).
+    pub(crate) fn from_parts(values: Tensor, cu_seqlens: Tensor, shapes: Tensor) -> RaggedBatch {
+        RaggedBatch { values, cu_seqlens, shapes }
+    }
+
+    /// Pack typed records (each with its shape) into a batch in a fresh allocation.
+    pub fn from_records<T: Element>(
+        allocator: &Allocator,
+        ndim: usize,
+        records: &[(&[T], &[usize])],
+    ) -> Result<RaggedBatch> {
+        let packed = PackedRagged::from_records(ndim, records.iter().map(|(d, s)| (*d, *s)))?;
+        let total = packed.values.len();
+        let values = Tensor::from_slice(allocator, &packed.values, &[total])?;
+        let cu = Tensor::from_slice(allocator, &packed.cu_seqlens, &[packed.cu_seqlens.len()])?;
+        let shapes = Tensor::from_slice(allocator, &packed.shapes, &[records.len(), ndim])?;
+        Ok(RaggedBatch { values, cu_seqlens: cu, shapes })
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.cu_seqlens.numel().saturating_sub(1)
+    }
+
+    /// True when the batch holds no record (`cu_seqlens == [0]`).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Dimensions of each record.
+    pub fn ndim(&self) -> usize {
+        self.shapes.shape().get(1).copied().unwrap_or(0)
+    }
+
+    /// Element type of the values.
+    pub fn dtype(&self) -> DType {
+        self.values.dtype()
+    }
+
+    /// Packed values, 1-D.
+    pub fn values(&self) -> &Tensor {
+        &self.values
+    }
+
+    /// int32 record offsets, `len() + 1` long.
+    pub fn cu_seqlens(&self) -> &Tensor {
+        &self.cu_seqlens
+    }
+
+    /// uint64 shapes, `[len(), ndim]`.
+    pub fn shapes(&self) -> &Tensor {
+        &self.shapes
+    }
+
+    /// Offsets as a slice.
+    pub fn cu_seqlens_slice(&self) -> &[i32] {
+        self.cu_seqlens.as_slice::<i32>().unwrap_or(&[])
+    }
+
+    /// Shapes as a flat slice (`len() * ndim`).
+    pub fn shapes_slice(&self) -> &[u64] {
+        self.shapes.as_slice::<u64>().unwrap_or(&[])
+    }
+
+    /// Record `i` as a shape-restored tensor view (no copy).
+    pub fn record(&self, i: usize) -> Result<Tensor> {
+        if i >= self.len() {
+            return Err(Error::invalid("index", format!("{i} out of range for batch of {} records", self.len())));
+        }
+        let cu = self.cu_seqlens_slice();
+        let nd = self.ndim();
+        let shape: Vec<usize> = self.shapes_slice()[i * nd..(i + 1) * nd].iter().map(|&d| d as usize).collect();
+        Ok(self.values.sub(cu[i] as usize * self.dtype().size(), shape))
+    }
+
+    /// Every record as a tensor view.
+    pub fn to_tensors(&self) -> Result<Vec<Tensor>> {
+        (0..self.len()).map(|i| self.record(i)).collect()
+    }
+
+    /// A borrowed view, valid `append` input (a gathered batch transcodes directly).
+    pub fn as_input(&self) -> RaggedInput<'_> {
+        RaggedInput { values: self.values.view(), cu_seqlens: self.cu_seqlens.view(), shapes: self.shapes.view() }
+    }
+}
+
+/// A borrowed, possibly strided n-d array: the input of `DenseWriter::append`.
+#[derive(Clone, Debug)]
+pub struct TensorView<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) strides: Option<Vec<isize>>,
+}
+
+impl<'a> TensorView<'a> {
+    /// A C-contiguous view of `bytes` as `dtype` with `shape`.
+    pub fn new(bytes: &'a [u8], dtype: DType, shape: Vec<usize>) -> Self {
+        TensorView { bytes, dtype, shape, strides: None }
+    }
+
+    /// A C-contiguous view of a typed slice.
+    pub fn from_slice<T: Element>(data: &'a [T], shape: &[usize]) -> Self {
+        // SAFETY: `T` is plain old data; the byte view covers exactly the slice.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) };
+        TensorView::new(bytes, T::DTYPE, shape.to_vec())
+    }
+
+    /// Declare strides (in elements), as a producer such as DLPack reports them. Appends
+    /// accept only strides that describe C-contiguous memory.
+    pub fn with_strides(mut self, strides: Vec<isize>) -> Self {
+        self.strides = Some(strides);
+        self
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Check strides describe C-contiguous memory and the byte length matches the shape.
+    pub(crate) fn check(&self, what: &str) -> Result<()> {
+        if let Some(strides) = &self.strides {
+            let bad = || Error::NotContiguous { what: what.to_string(), shape: self.shape.clone(), strides: strides.clone() };
+            if strides.len() != self.shape.len() {
+                return Err(bad());
+            }
+            let mut expected: isize = 1;
+            for (&dim, &st) in self.shape.iter().zip(strides).rev() {
+                if dim > 1 && st != expected {
+                    return Err(bad());
+                }
+                expected = expected.saturating_mul(dim as isize);
+            }
+        }
+        let n = numel(&self.shape).ok_or_else(|| Error::invalid("shape", format!("{:?} overflows", self.shape)))?;
+        let want = n.checked_mul(self.dtype.size());
+        if want != Some(self.bytes.len()) {
+            return Err(Error::ShapeMismatch {
+                expected: format!("{} bytes for {what} of shape {:?} {}", want.unwrap_or(usize::MAX), self.shape, self.dtype),
+                found: format!("{} bytes", self.bytes.len()),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn typed<T: Element>(&self, what: &str) -> Result<std::borrow::Cow<'a, [T]>> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::DtypeMismatch { expected: format!("{} for {what}", T::DTYPE), found: self.dtype.to_string() });
+        }
+        self.check(what)?;
+        let n = self.bytes.len() / std::mem::size_of::<T>();
+        if (self.bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
+            // SAFETY: aligned, in bounds, POD element type (checked dtype).
+            Ok(std::borrow::Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<T>(), n) }))
+        } else {
+            // Misaligned producer memory: copy the (small) metadata array.
+            let mut v = Vec::<T>::with_capacity(n);
+            // SAFETY: `v` has room for `n` elements; bytes are POD of the same total size.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), self.bytes.len());
+                v.set_len(n);
+            }
+            Ok(std::borrow::Cow::Owned(v))
+        }
+    }
+}
+
+/// Borrowed packed ragged input: the input of `RaggedWriter::append`.
+#[derive(Clone, Debug)]
+pub struct RaggedInput<'a> {
+    /// 1-D packed values.
+    pub values: TensorView<'a>,
+    /// int32 `[n + 1]` offsets.
+    pub cu_seqlens: TensorView<'a>,
+    /// uint64 `[n, ndim]` shapes.
+    pub shapes: TensorView<'a>,
+}
+
+impl<'a> RaggedInput<'a> {
+    /// Three borrowed views.
+    pub fn new(values: TensorView<'a>, cu_seqlens: TensorView<'a>, shapes: TensorView<'a>) -> Self {
+        RaggedInput { values, cu_seqlens, shapes }
+    }
+
+    /// From typed slices; `shapes` is row-major `[n, ndim]`.
+    pub fn from_slices<T: Element>(values: &'a [T], cu_seqlens: &'a [i32], shapes: &'a [u64], ndim: usize) -> Self {
+        let n = cu_seqlens.len().saturating_sub(1);
+        RaggedInput {
+            values: TensorView::from_slice(values, &[values.len()]),
+            cu_seqlens: TensorView::from_slice(cu_seqlens, &[cu_seqlens.len()]),
+            shapes: TensorView::from_slice(shapes, &[n, ndim]),
+        }
+    }
+}
+
+/// Owned packed ragged data built from records: handy for building append input.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PackedRagged<T> {
+    /// Packed values.
+    pub values: Vec<T>,
+    /// Offsets, starting at 0.
+    pub cu_seqlens: Vec<i32>,
+    /// Row-major shapes `[n, ndim]`.
+    pub shapes: Vec<u64>,
+    /// Dimensions per record.
+    pub ndim: usize,
+}
+
+impl<T: Element> PackedRagged<T> {
+    /// Pack `(data, shape)` records. Errors on a shape whose element count differs from the
+    /// data length, a wrong ndim, or more than `i32::MAX` values.
+    pub fn from_records<'r>(ndim: usize, records: impl IntoIterator<Item = (&'r [T], &'r [usize])>) -> Result<Self> {
+        let mut p = PackedRagged { values: Vec::new(), cu_seqlens: vec![0], shapes: Vec::new(), ndim };
+        for (i, (data, shape)) in records.into_iter().enumerate() {
+            if shape.len() != ndim {
+                return Err(Error::ShapeMismatch { expected: format!("{ndim}-d record"), found: format!("record {i} of shape {shape:?}") });
+            }
+            if numel(shape) != Some(data.len()) {
+                return Err(Error::ShapeMismatch { expected: format!("record {i}: shape {shape:?}"), found: format!("{} elements", data.len()) });
+            }
+            p.values.extend_from_slice(data);
+            let end = i32::try_from(p.values.len()).map_err(|_| Error::TooManyValues { count: p.values.len() as u64, limit: i32::MAX as u64 })?;
+            p.cu_seqlens.push(end);
+            p.shapes.extend(shape.iter().map(|&d| d as u64));
+        }
+        Ok(p)
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.cu_seqlens.len() - 1
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Borrow as append input.
+    pub fn as_input(&self) -> RaggedInput<'_> {
+        RaggedInput::from_slices(&self.values, &self.cu_seqlens, &self.shapes, self.ndim)
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_from_slice_and_views() {
+        let a = Allocator::cpu(1 << 20);
+        let t = Tensor::from_slice(&a, &[1i32, 2, 3, 4, 5, 6], &[2, 3]).unwrap();
+        assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 2, 3, 4, 5, 6]);
+        assert!(t.as_slice::<u32>().is_err());
+        let r = t.index_axis0(1).unwrap();
+        assert_eq!(r.shape(), &[3]);
+        assert_eq!(r.as_slice::<i32>().unwrap(), &[4, 5, 6]);
+        assert!(t.index_axis0(2).is_err());
+        assert!(Tensor::from_slice(&a, &[1u8, 2], &[3]).is_err());
+    }
+
+    #[test]
+    fn contiguity_check() {
+        let data = [0f32; 6];
+        let v = TensorView::from_slice(&data, &[2, 3]);
+        assert!(v.check("x").is_ok());
+        assert!(v.clone().with_strides(vec![3, 1]).check("x").is_ok());
+        assert!(matches!(v.clone().with_strides(vec![1, 2]).check("x"), Err(Error::NotContiguous { .. })));
+        // Size-1 dims may have any stride.
+        let w = TensorView::from_slice(&data, &[1, 6]).with_strides(vec![99, 1]);
+        assert!(w.check("x").is_ok());
+        let short = TensorView::new(&[0u8; 5], DType::Float32, vec![2]);
+        assert!(matches!(short.check("x"), Err(Error::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn ragged_from_records() {
+        let a = Allocator::cpu(1 << 20);
+        let r0 = [1i64, 2, 3];
+        let r1 = [4i64];
+        let b = RaggedBatch::from_records(&a, 1, &[(&r0[..], &[3][..]), (&r1[..], &[1][..])]).unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.cu_seqlens_slice(), &[0, 3, 4]);
+        assert_eq!(b.shapes_slice(), &[3, 1]);
+        assert_eq!(b.record(1).unwrap().as_slice::<i64>().unwrap(), &[4]);
+        assert!(b.record(2).is_err());
+        let bad = RaggedBatch::from_records(&a, 1, &[(&r0[..], &[2][..])]);
+        assert!(bad.is_err());
+    }
+}
+
+#[cfg(test)]
+impl Tensor {
+    /// Test helper: the same bytes viewed as another dtype and shape of equal byte size.
+    pub(crate) fn sub_dtype_for_test(&self, dtype: DType, shape: Vec<usize>) -> Tensor {
+        assert_eq!(numel(&shape).unwrap() * dtype.size(), self.nbytes());
+        Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape }
+    }
+}

@@ -1,0 +1,234 @@
+//! The Zrecord container: typed, immutable, ordered record stores.
+//!
+//! Writers ([`DenseWriter`], [`RaggedWriter`]) build a store once and publish it atomically;
+//! stores ([`DenseStore`], [`RaggedStore`], or [`Store::open`] for either) memory-map it, and
+//! views bound to an [`crate::memory::Allocator`] gather records into pooled memory.
+//! The on-disk format is specified in [`format`].
+
+pub mod codec;
+mod dense;
+pub mod format;
+mod gather;
+mod ragged;
+mod reader;
+mod writer;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use codec::{Codec, DEFAULT_LEVEL};
+pub use dense::{DenseStore, DenseView, DenseWriter};
+pub use format::Kind;
+pub use gather::Ids;
+pub use ragged::{RaggedStore, RaggedView, RaggedWriter};
+pub use writer::WriterOptions;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::memory::{Allocator, RaggedBatch, Tensor};
+use reader::StoreCore;
+
+/// Sizes and counts of a store.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StoreStats {
+    /// Records.
+    pub record_count: u64,
+    /// Decoded bytes of all records.
+    pub raw_bytes: u64,
+    /// Encoded bytes of all records.
+    pub stored_bytes: u64,
+    /// Bytes of all files on disk, manifest included.
+    pub file_bytes: u64,
+    /// Data shard files.
+    pub data_shards: u32,
+    /// zstd level (0 for raw).
+    pub level: i32,
+}
+
+impl StoreStats {
+    fn of(core: &StoreCore) -> StoreStats {
+        let m = &core.manifest;
+        let manifest_len = std::fs::metadata(core.path.join(format::MANIFEST)).map(|x| x.len()).unwrap_or(0);
+        StoreStats {
+            record_count: m.record_count,
+            raw_bytes: m.raw_bytes,
+            stored_bytes: m.stored_bytes,
+            file_bytes: m.files.iter().map(|f| f.bytes).sum::<u64>() + manifest_len,
+            data_shards: m.data_shards,
+            level: m.level,
+        }
+    }
+
+    /// `raw_bytes / stored_bytes` (1.0 for an empty store).
+    pub fn compression_ratio(&self) -> f64 {
+        if self.stored_bytes == 0 {
+            1.0
+        } else {
+            self.raw_bytes as f64 / self.stored_bytes as f64
+        }
+    }
+}
+
+/// A store of either kind, as found on disk.
+#[derive(Clone, Debug)]
+pub enum Store {
+    /// Fixed item shape.
+    Dense(DenseStore),
+    /// Variable shapes.
+    Ragged(RaggedStore),
+}
+
+impl Store {
+    /// Open whichever kind of store is at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        let core = Arc::new(StoreCore::open(path.as_ref())?);
+        Ok(match core.kind {
+            Kind::Dense => Store::Dense(DenseStore::from_core(core)),
+            Kind::Ragged => Store::Ragged(RaggedStore::from_core(core)),
+        })
+    }
+
+    fn core(&self) -> &StoreCore {
+        match self {
+            Store::Dense(s) => &s.core,
+            Store::Ragged(s) => &s.core,
+        }
+    }
+
+    /// Dense or ragged.
+    pub fn kind(&self) -> Kind {
+        self.core().kind
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> u64 {
+        self.core().len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.core().dtype
+    }
+
+    /// Codec.
+    pub fn codec(&self) -> Codec {
+        self.core().codec
+    }
+
+    /// Dense item shape (empty for ragged).
+    pub fn item_shape(&self) -> &[usize] {
+        &self.core().item_shape
+    }
+
+    /// Record ndim (dense: item shape length).
+    pub fn ndim(&self) -> usize {
+        self.core().ndim
+    }
+
+    /// Folder path.
+    pub fn path(&self) -> &Path {
+        self.core().path()
+    }
+
+    /// Sizes and counts.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats::of(self.core())
+    }
+
+    /// Check every byte; `progress(records_done)`.
+    pub fn verify_with(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
+        self.core().verify(progress)
+    }
+
+    /// Check every byte.
+    pub fn verify(&self) -> Result<u64> {
+        self.core().verify(&|_| {})
+    }
+}
+
+/// Anything a dictionary can be trained from.
+pub trait DictSource {
+    /// Up to `max_records` sample records, as decoded bytes.
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>>;
+}
+
+/// Evenly spaced ids over `0..n`, at most `k` of them.
+fn spaced(n: u64, k: usize) -> Vec<u64> {
+    let k = (k as u64).min(n);
+    (0..k).map(|i| (i as u128 * n as u128 / k.max(1) as u128) as u64).collect()
+}
+
+impl DictSource for DenseView {
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        let ids = spaced(self.len(), max_records);
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(1024) {
+            out.extend(self.gather(chunk)?.dict_samples(usize::MAX)?);
+        }
+        Ok(out)
+    }
+}
+
+impl DictSource for RaggedView {
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        let ids = spaced(self.len(), max_records);
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(1024) {
+            out.extend(self.gather(chunk)?.dict_samples(usize::MAX)?);
+        }
+        Ok(out)
+    }
+}
+
+impl DictSource for Store {
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        let a = Allocator::cpu(0);
+        match self {
+            Store::Dense(s) => s.bind(&a).dict_samples(max_records),
+            Store::Ragged(s) => s.bind(&a).dict_samples(max_records),
+        }
+    }
+}
+
+impl DictSource for Tensor {
+    /// A dense batch: each record along axis 0 is a sample.
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        let n = self.shape().first().copied().unwrap_or(0);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let rb = self.nbytes() / n;
+        Ok(self.as_bytes().chunks(rb.max(1)).take(max_records).map(|c| c.to_vec()).collect())
+    }
+}
+
+impl DictSource for RaggedBatch {
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        let cu = self.cu_seqlens_slice();
+        let es = self.dtype().size();
+        let v = self.values().as_bytes();
+        Ok(cu.windows(2).take(max_records).map(|w| v[w[0] as usize * es..w[1] as usize * es].to_vec()).collect())
+    }
+}
+
+impl DictSource for [Vec<u8>] {
+    fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        Ok(self.iter().take(max_records).cloned().collect())
+    }
+}
+
+/// Default dictionary size: 110 KiB, as the zstd command line uses.
+pub const DEFAULT_DICT_SIZE: usize = 112_640;
+/// Records sampled for training.
+pub const DICT_SAMPLE_RECORDS: usize = 20_000;
+
+/// Train a zstd dictionary of at most `max_size` bytes from a store, view, batch or samples.
+pub fn train_dict<S: DictSource + ?Sized>(source: &S, max_size: usize) -> Result<Vec<u8>> {
+    let samples = source.dict_samples(DICT_SAMPLE_RECORDS)?;
+    codec::train_dict_from_samples(samples.iter().map(|s| s.as_slice()), max_size)
+}

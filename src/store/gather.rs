@@ -1,0 +1,207 @@
+//! Gather: compute the exact output layout, take one pooled region, then decode every record
+//! straight into its final slot in parallel. No per-record buffers, no second copy.
+
+use std::mem::MaybeUninit;
+use std::path::Path;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::memory::{Allocator, RaggedBatch, Tensor};
+use crate::store::reader::{StoreCore, MAX_NDIM};
+
+/// Below this many output bytes a gather runs on the calling thread.
+const PARALLEL_MIN_BYTES: usize = 128 << 10;
+/// Aim for tasks of about this many output bytes.
+const TASK_BYTES: usize = 256 << 10;
+
+/// Which records to read: an explicit list (order and duplicates kept) or an arithmetic range.
+#[derive(Clone, Copy, Debug)]
+pub enum Ids<'a> {
+    /// Explicit ids.
+    List(&'a [u64]),
+    /// `start, start + step, ...`, `len` ids (step may be negative).
+    Range {
+        /// First id.
+        start: u64,
+        /// Increment.
+        step: i64,
+        /// Number of ids.
+        len: usize,
+    },
+}
+
+impl Ids<'_> {
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        match self {
+            Ids::List(l) => l.len(),
+            Ids::Range { len, .. } => *len,
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Id number `k` (`k < len`).
+    #[inline]
+    pub fn get(&self, k: usize) -> u64 {
+        match self {
+            Ids::List(l) => l[k],
+            Ids::Range { start, step, .. } => (*start as i128 + *step as i128 * k as i128) as u64,
+        }
+    }
+
+    /// Error (before any work) if any id is outside `0..n`.
+    pub fn validate(&self, n: u64, store: &Path) -> Result<()> {
+        let oob = |index: i128| Error::IndexOutOfRange { index, len: n, store: store.to_path_buf() };
+        match self {
+            Ids::List(l) => match l.iter().find(|&&i| i >= n) {
+                Some(&i) => Err(oob(i as i128)),
+                None => Ok(()),
+            },
+            Ids::Range { start, step, len } => {
+                if *len == 0 {
+                    return Ok(());
+                }
+                let first = *start as i128;
+                let last = first + *step as i128 * (*len as i128 - 1);
+                for x in [first, last] {
+                    if x < 0 || x >= n as i128 {
+                        return Err(oob(x));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Dense gather into one tensor `[len, *item_shape]`.
+pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<Tensor> {
+    ids.validate(core.len, &core.path)?;
+    let rb = core.record_bytes;
+    let b = ids.len();
+    let total = rb.checked_mul(b).ok_or_else(|| Error::invalid("indices", format!("{b} records of {rb} bytes overflow")))?;
+    let mut alloc = allocator.allocate(total)?;
+    if rb > 0 && b > 0 {
+        let out = &mut alloc.as_uninit_mut()[..total];
+        if total < PARALLEL_MIN_BYTES || b == 1 {
+            let mut ctx = core.decoder.context();
+            for (k, slot) in out.chunks_exact_mut(rb).enumerate() {
+                core.read_into(&mut ctx, ids.get(k), None, slot, verify)?;
+            }
+        } else {
+            let per_task = (TASK_BYTES / rb).clamp(1, b.div_ceil(rayon::current_num_threads()).max(1));
+            out.par_chunks_mut(rb * per_task).enumerate().try_for_each(|(t, chunk)| -> Result<()> {
+                let mut ctx = core.decoder.context();
+                for (j, slot) in chunk.chunks_exact_mut(rb).enumerate() {
+                    core.read_into(&mut ctx, ids.get(t * per_task + j), None, slot, verify)?;
+                }
+                Ok(())
+            })?;
+        }
+    }
+    let mut shape = Vec::with_capacity(core.item_shape.len() + 1);
+    shape.push(b);
+    shape.extend_from_slice(&core.item_shape);
+    // SAFETY: when this point is reached every record slot of `out` (all `total` bytes) was
+    // written by `read_into` (which fails unless it fills its slot exactly); the allocation is
+    // not written again.
+    Ok(unsafe { Tensor::from_initialized(Arc::new(alloc), 0, core.dtype, shape) })
+}
+
+fn align64(x: usize) -> usize {
+    x.div_ceil(64) * 64
+}
+
+fn write_ne<const N: usize>(dst: &mut [MaybeUninit<u8>], bytes: [u8; N]) {
+    for (d, s) in dst.iter_mut().zip(bytes) {
+        d.write(s);
+    }
+}
+
+/// Ragged gather into one packed batch (values, cu_seqlens, shapes in one allocation).
+pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<RaggedBatch> {
+    ids.validate(core.len, &core.path)?;
+    let b = ids.len();
+    let nd = core.ndim;
+    let esize = core.dtype.size();
+    // Pass 1: offsets from the shapes index.
+    let mut cu: Vec<i32> = Vec::with_capacity(b + 1);
+    cu.push(0);
+    let mut total: u64 = 0;
+    let mut shape = [0u64; MAX_NDIM];
+    for k in 0..b {
+        total += core.shape_into(ids.get(k), &mut shape)?;
+        let t = i32::try_from(total).map_err(|_| Error::TooManyValues { count: total, limit: i32::MAX as u64 })?;
+        cu.push(t);
+    }
+    let values_bytes = total as usize * esize;
+    let cu_off = align64(values_bytes);
+    let sh_off = align64(cu_off + (b + 1) * 4);
+    let size = sh_off + b * nd * 8;
+    let mut alloc = allocator.allocate(size)?;
+    {
+        let out = &mut alloc.as_uninit_mut()[..size];
+        let (values, meta) = out.split_at_mut(cu_off);
+        let values = &mut values[..values_bytes];
+        for (k, c) in cu.iter().enumerate() {
+            write_ne(&mut meta[k * 4..k * 4 + 4], c.to_ne_bytes());
+        }
+        let shapes_region = &mut meta[sh_off - cu_off..];
+        for k in 0..b {
+            core.shape_into(ids.get(k), &mut shape)?;
+            for (j, d) in shape[..nd].iter().enumerate() {
+                let at = (k * nd + j) * 8;
+                write_ne(&mut shapes_region[at..at + 8], d.to_ne_bytes());
+            }
+        }
+        // Pass 2: decode into place.
+        let decode_run = |lo: usize, hi: usize, region: &mut [MaybeUninit<u8>]| -> Result<()> {
+            let mut ctx = core.decoder.context();
+            let mut sh = [0u64; MAX_NDIM];
+            let base = cu[lo] as usize * esize;
+            for k in lo..hi {
+                let id = ids.get(k);
+                core.shape_into(id, &mut sh)?;
+                let a = cu[k] as usize * esize - base;
+                let z = cu[k + 1] as usize * esize - base;
+                core.read_into(&mut ctx, id, Some(&sh[..nd]), &mut region[a..z], verify)?;
+            }
+            Ok(())
+        };
+        if values_bytes < PARALLEL_MIN_BYTES {
+            decode_run(0, b, values)?;
+        } else {
+            let target = (values_bytes / (rayon::current_num_threads() * 4)).clamp(16 << 10, TASK_BYTES);
+            let mut tasks: Vec<(usize, usize, &mut [MaybeUninit<u8>])> = Vec::new();
+            let mut rest = values;
+            let mut lo = 0usize;
+            while lo < b {
+                let mut hi = lo + 1;
+                while hi < b && (cu[hi] - cu[lo]) as usize * esize < target {
+                    hi += 1;
+                }
+                let n = (cu[hi] - cu[lo]) as usize * esize;
+                let (mine, tail) = rest.split_at_mut(n);
+                rest = tail;
+                tasks.push((lo, hi, mine));
+                lo = hi;
+            }
+            tasks.into_par_iter().try_for_each(|(lo, hi, region)| decode_run(lo, hi, region))?;
+        }
+    }
+    let alloc = Arc::new(alloc);
+    // SAFETY: values (all `values_bytes`), cu_seqlens (`b + 1` int32) and shapes (`b * nd`
+    // uint64) were all written above; padding between them is never exposed.
+    unsafe {
+        let values = Tensor::from_initialized(alloc.clone(), 0, core.dtype, vec![total as usize]);
+        let cu_t = Tensor::from_initialized(alloc.clone(), cu_off, crate::dtype::DType::Int32, vec![b + 1]);
+        let sh_t = Tensor::from_initialized(alloc, sh_off, crate::dtype::DType::UInt64, vec![b, nd]);
+        Ok(RaggedBatch::from_parts(values, cu_t, sh_t))
+    }
+}

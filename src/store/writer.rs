@@ -1,0 +1,472 @@
+//! The shared writer machinery: a hidden temp folder beside the destination, `data_shards`
+//! parallel workers each owning one data file, a streamed index, and atomic publish.
+//!
+//! Appends are processed in bounded windows (at most [`WINDOW_BYTES_PER_SHARD`] input bytes
+//! or [`WINDOW_RECORDS_PER_SHARD`] records per shard), so memory stays bounded whatever the
+//! size of one append. Each window is split into `data_shards` contiguous parts of about equal
+//! bytes, encoded and written in parallel, and its index entries are then appended in order.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::store::codec::{self, Codec, Encoder, DEFAULT_LEVEL};
+use crate::store::format::{self, FileEntry, IndexEntry, Kind, Manifest, ENTRY_BYTES};
+
+/// Input bytes per shard per window.
+pub const WINDOW_BYTES_PER_SHARD: usize = 16 << 20;
+/// Records per shard per window.
+pub const WINDOW_RECORDS_PER_SHARD: usize = 1 << 16;
+
+/// Options of [`crate::store::DenseWriter`] and [`crate::store::RaggedWriter`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Record codec.
+    pub codec: Codec,
+    /// zstd level (ignored by `raw`); default 3.
+    pub level: i32,
+    /// Parallel writers / data files, 1..=255; default 4.
+    pub data_shards: usize,
+    /// Dictionary bytes, required by (and only allowed with) `zstd_dict`.
+    pub dictionary: Option<Vec<u8>>,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions { codec: Codec::Raw, level: DEFAULT_LEVEL, data_shards: 4, dictionary: None }
+    }
+}
+
+impl WriterOptions {
+    /// Default options with the given codec.
+    pub fn with_codec(codec: Codec) -> Self {
+        WriterOptions { codec, ..Default::default() }
+    }
+
+    /// `zstd_dict` with the given dictionary.
+    pub fn zstd_dict(dictionary: Vec<u8>) -> Self {
+        WriterOptions { codec: Codec::ZstdDict, dictionary: Some(dictionary), ..Default::default() }
+    }
+
+    /// Set the zstd level.
+    pub fn level(mut self, level: i32) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// Set the number of data shards.
+    pub fn data_shards(mut self, n: usize) -> Self {
+        self.data_shards = n;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !(1..=255).contains(&self.data_shards) {
+            return Err(Error::invalid("data_shards", format!("{} is outside 1..=255", self.data_shards)));
+        }
+        let (lo, hi) = (zstd::zstd_safe::min_c_level(), zstd::zstd_safe::max_c_level());
+        if self.codec != Codec::Raw && !(lo..=hi).contains(&self.level) {
+            return Err(Error::invalid("level", format!("{} is outside zstd's {lo}..={hi}", self.level)));
+        }
+        match (self.codec, &self.dictionary) {
+            (Codec::ZstdDict, None) => Err(Error::InvalidCodec { reason: "zstd_dict needs dictionary bytes (train one with train_dict)".into() }),
+            (Codec::ZstdDict, Some(d)) if d.is_empty() => Err(Error::InvalidCodec { reason: "the dictionary is empty".into() }),
+            (Codec::Raw | Codec::Zstd, Some(_)) => Err(Error::InvalidCodec { reason: format!("a dictionary was given but codec is {}; use zstd_dict", self.codec) }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A file being written, hashed as it goes.
+struct HashedFile {
+    path: PathBuf,
+    out: BufWriter<File>,
+    hasher: Xxh3,
+    bytes: u64,
+}
+
+impl HashedFile {
+    fn create(path: PathBuf, header: &[u8]) -> Result<HashedFile> {
+        let f = File::create_new(&path).map_err(|e| Error::io(&path, e))?;
+        let mut h = HashedFile { path, out: BufWriter::with_capacity(1 << 20, f), hasher: Xxh3::new(), bytes: 0 };
+        h.write(header)?;
+        Ok(h)
+    }
+
+    fn write(&mut self, b: &[u8]) -> Result<()> {
+        self.out.write_all(b).map_err(|e| Error::io(&self.path, e))?;
+        self.hasher.update(b);
+        self.bytes += b.len() as u64;
+        Ok(())
+    }
+
+    fn finish(self) -> Result<FileEntry> {
+        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let f = self.out.into_inner().map_err(|e| Error::io(&self.path, e.into_error()))?;
+        f.sync_all().map_err(|e| Error::io(&self.path, e))?;
+        Ok(FileEntry { name, bytes: self.bytes, xxh3: format!("{:016x}", self.hasher.digest()) })
+    }
+}
+
+struct ShardWorker {
+    id: u16,
+    file: HashedFile,
+    encoder: Encoder,
+}
+
+/// One record handed to the writer: its decoded bytes and, for ragged, its shape row.
+pub(crate) type RecordRef<'a> = (&'a [u8], Option<&'a [u64]>);
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The kind-independent writer.
+pub(crate) struct WriterCore {
+    final_path: PathBuf,
+    tmp_path: PathBuf,
+    kind: Kind,
+    dtype: DType,
+    item_shape: Option<Vec<usize>>,
+    ndim: Option<usize>,
+    options: WriterOptions,
+    dictionary_entry: Option<FileEntry>,
+    shards: Vec<ShardWorker>,
+    index: Option<HashedFile>,
+    shapes: Option<HashedFile>,
+    pool: rayon::ThreadPool,
+    count: u64,
+    raw_bytes: u64,
+    stored_bytes: u64,
+    /// Set when an append failed half-way; the writer then refuses to publish.
+    failed: Option<String>,
+    done: bool,
+}
+
+impl WriterCore {
+    pub(crate) fn create(
+        path: &Path,
+        kind: Kind,
+        dtype: DType,
+        item_shape: Option<Vec<usize>>,
+        ndim: Option<usize>,
+        options: WriterOptions,
+    ) -> Result<WriterCore> {
+        options.validate()?;
+        let final_path = path.to_path_buf();
+        if fs::symlink_metadata(&final_path).is_ok() {
+            return Err(Error::AlreadyExists { path: final_path });
+        }
+        let name = final_path
+            .file_name()
+            .ok_or_else(|| Error::invalid("path", format!("'{}' has no final component", final_path.display())))?
+            .to_string_lossy()
+            .into_owned();
+        let parent = match final_path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+        let tmp_path = parent.join(format!(
+            ".{name}.zrecord-tmp-{}-{}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
+        // From here on, dropping `guard` removes the temp folder.
+        let guard = TmpGuard(Some(tmp_path.clone()));
+
+        let cdict = match (&options.codec, &options.dictionary) {
+            (Codec::ZstdDict, Some(d)) => Some(Arc::new(codec::cdict(d, options.level)?)),
+            _ => None,
+        };
+        let dictionary_entry = match &options.dictionary {
+            Some(d) => {
+                let p = tmp_path.join(format::DICTIONARY);
+                let f = HashedFile::create(p, d)?;
+                Some(f.finish()?)
+            }
+            None => None,
+        };
+        let mut shards = Vec::with_capacity(options.data_shards);
+        for i in 0..options.data_shards {
+            let p = tmp_path.join(format::shard_name(i));
+            let file = HashedFile::create(p, &format::header(format::DATA_MAGIC, i as u32, 0))?;
+            shards.push(ShardWorker { id: i as u16, file, encoder: Encoder::new(options.codec, options.level, cdict.clone()) });
+        }
+        let index = Some(HashedFile::create(tmp_path.join(format::INDEX), &format::header(format::INDEX_MAGIC, ENTRY_BYTES as u32, 0))?);
+        let shapes = match ndim {
+            Some(nd) if kind == Kind::Ragged => Some(HashedFile::create(
+                tmp_path.join(format::SHAPES),
+                &format::header(format::SHAPES_MAGIC, nd as u32, 0),
+            )?),
+            _ => None,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.data_shards)
+            .thread_name(|i| format!("zrecord-writer-{i}"))
+            .build()
+            .map_err(|e| Error::invalid("data_shards", format!("cannot start writer threads: {e}")))?;
+        let mut g = guard;
+        g.0 = None;
+        Ok(WriterCore {
+            final_path,
+            tmp_path,
+            kind,
+            dtype,
+            item_shape,
+            ndim,
+            options,
+            dictionary_entry,
+            shards,
+            index,
+            shapes,
+            pool,
+            count: 0,
+            raw_bytes: 0,
+            stored_bytes: 0,
+            failed: None,
+            done: false,
+        })
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.final_path
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.done {
+            return Err(Error::Closed { what: "writer" });
+        }
+        if let Some(reason) = &self.failed {
+            return Err(Error::invalid("writer", format!("an earlier append failed ({reason}); this writer cannot publish")));
+        }
+        Ok(())
+    }
+
+    /// Append `n` validated records; `record(i)` returns record `i` of the input.
+    pub(crate) fn append_records<'a, F>(&mut self, n: usize, record: F) -> Result<()>
+    where
+        F: Fn(usize) -> RecordRef<'a> + Sync,
+    {
+        self.check_usable()?;
+        let r = self.append_inner(n, &record);
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+        }
+        r
+    }
+
+    fn append_inner<'a, F>(&mut self, n: usize, record: &F) -> Result<()>
+    where
+        F: Fn(usize) -> RecordRef<'a> + Sync,
+    {
+        let s = self.shards.len();
+        let window_bytes = WINDOW_BYTES_PER_SHARD * s;
+        let window_records = WINDOW_RECORDS_PER_SHARD * s;
+        let mut entries: Vec<IndexEntry> = Vec::new();
+        let mut start = 0usize;
+        while start < n {
+            // Window [start, end): bounded in bytes and records.
+            let mut end = start;
+            let mut bytes = 0usize;
+            while end < n && end - start < window_records && (bytes < window_bytes || end == start) {
+                bytes += record(end).0.len();
+                end += 1;
+            }
+            // Split into `s` contiguous parts of about equal bytes.
+            let mut cuts = Vec::with_capacity(s + 1);
+            cuts.push(start);
+            let mut acc = 0usize;
+            let mut k = start;
+            for part in 1..s {
+                let target = bytes / s * part;
+                while k < end && acc < target {
+                    acc += record(k).0.len();
+                    k += 1;
+                }
+                cuts.push(k);
+            }
+            cuts.push(end);
+            entries.clear();
+            entries.resize(end - start, IndexEntry { offset: 0, stored_len: 0, shard: 0, checksum: 0 });
+            let mut jobs = Vec::with_capacity(s);
+            let mut rest: &mut [IndexEntry] = &mut entries;
+            for (w, win) in self.shards.iter_mut().zip(cuts.windows(2)) {
+                let (mine, tail) = rest.split_at_mut(win[1] - win[0]);
+                rest = tail;
+                jobs.push((w, win[0], mine));
+            }
+            let base_id = self.count;
+            let first = start;
+            let stored: Result<Vec<u64>> = self.pool.install(|| {
+                jobs.into_par_iter()
+                    .map(|(w, lo, out)| encode_part(w, lo, out, record, base_id + (lo - first) as u64))
+                    .collect()
+            });
+            let stored: u64 = stored?.into_iter().sum();
+            let mut buf = Vec::with_capacity(entries.len() * ENTRY_BYTES);
+            for e in &entries {
+                buf.extend_from_slice(&e.encode());
+            }
+            self.index.as_mut().ok_or(Error::Closed { what: "writer" })?.write(&buf)?;
+            if let Some(shapes) = self.shapes.as_mut() {
+                let mut sb = Vec::new();
+                for i in start..end {
+                    for d in record(i).1.unwrap_or(&[]) {
+                        sb.extend_from_slice(&d.to_le_bytes());
+                    }
+                }
+                shapes.write(&sb)?;
+            }
+            self.count += (end - start) as u64;
+            self.raw_bytes += bytes as u64;
+            self.stored_bytes += stored;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Flush, fsync, write the manifest last, and rename into place.
+    pub(crate) fn finish(mut self) -> Result<PathBuf> {
+        self.check_usable()?;
+        self.done = true;
+        let mut files = Vec::new();
+        if let Some(d) = self.dictionary_entry.take() {
+            files.push(d);
+        }
+        for w in std::mem::take(&mut self.shards) {
+            files.push(w.file.finish()?);
+        }
+        if let Some(ix) = self.index.take() {
+            files.push(ix.finish()?);
+        }
+        if let Some(sh) = self.shapes.take() {
+            files.push(sh.finish()?);
+        }
+        let manifest = Manifest {
+            format: "zrecord".into(),
+            version: format::FORMAT_VERSION,
+            kind: self.kind,
+            dtype: self.dtype.name().into(),
+            item_shape: self.item_shape.as_ref().map(|s| s.iter().map(|&d| d as u64).collect()),
+            ndim: self.ndim.map(|n| n as u32),
+            codec: self.options.codec.name().into(),
+            level: if self.options.codec == Codec::Raw { 0 } else { self.options.level },
+            record_count: self.count,
+            data_shards: self.options.data_shards as u32,
+            raw_bytes: self.raw_bytes,
+            stored_bytes: self.stored_bytes,
+            files,
+            created_by: concat!("zrecord ", env!("CARGO_PKG_VERSION")).into(),
+        };
+        let mpath = self.tmp_path.join(format::MANIFEST);
+        let bytes = manifest.to_bytes()?;
+        {
+            let mut f = File::create_new(&mpath).map_err(|e| Error::io(&mpath, e))?;
+            f.write_all(&bytes).map_err(|e| Error::io(&mpath, e))?;
+            f.sync_all().map_err(|e| Error::io(&mpath, e))?;
+        }
+        sync_dir(&self.tmp_path)?;
+        rename_noreplace(&self.tmp_path, &self.final_path)?;
+        if let Some(parent) = self.final_path.parent() {
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            sync_dir(parent)?;
+        }
+        self.tmp_path = PathBuf::new(); // published: nothing to clean up
+        Ok(self.final_path.clone())
+    }
+}
+
+fn encode_part<'a, F>(w: &mut ShardWorker, lo: usize, out: &mut [IndexEntry], record: &F, first_id: u64) -> Result<u64>
+where
+    F: Fn(usize) -> RecordRef<'a> + Sync,
+{
+    let mut stored = 0u64;
+    for (k, slot) in out.iter_mut().enumerate() {
+        let (bytes, shape) = record(lo + k);
+        let offset = w.file.bytes;
+        let enc = w.encoder.encode(bytes, &w.file.path)?;
+        let stored_len = u32::try_from(enc.len()).map_err(|_| Error::RecordTooLarge {
+            index: lo + k,
+            bytes: bytes.len() as u64,
+            limit: format::MAX_RECORD_BYTES,
+        })?;
+        let checksum = xxh3_64_with_seed(enc, format::record_seed(first_id + k as u64, shape));
+        *slot = IndexEntry { offset, stored_len, shard: w.id, checksum };
+        stored += enc.len() as u64;
+        w.file.write(enc)?;
+    }
+    Ok(stored)
+}
+
+impl Drop for WriterCore {
+    fn drop(&mut self) {
+        if !self.tmp_path.as_os_str().is_empty() {
+            let _ = fs::remove_dir_all(&self.tmp_path);
+        }
+    }
+}
+
+struct TmpGuard(Option<PathBuf>);
+
+impl Drop for TmpGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn sync_dir(p: &Path) -> Result<()> {
+    let f = File::open(p).map_err(|e| Error::io(p, e))?;
+    f.sync_all().map_err(|e| Error::io(p, e))
+}
+
+/// Rename `from` to `to`, failing if `to` exists (never replaces a published store).
+fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let a = CString::new(from.as_os_str().as_bytes()).map_err(|_| Error::invalid("path", "contains NUL"))?;
+        let b = CString::new(to.as_os_str().as_bytes()).map_err(|_| Error::invalid("path", "contains NUL"))?;
+        // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
+        let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => Err(Error::AlreadyExists { path: to.to_path_buf() }),
+            // Filesystems without RENAME_NOREPLACE: fall back to check-then-rename.
+            Some(libc::EINVAL) | Some(libc::ENOSYS) => fallback_rename(from, to),
+            _ => Err(Error::io(to, err)),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        fallback_rename(from, to)
+    }
+}
+
+fn fallback_rename(from: &Path, to: &Path) -> Result<()> {
+    if fs::symlink_metadata(to).is_ok() {
+        return Err(Error::AlreadyExists { path: to.to_path_buf() });
+    }
+    fs::rename(from, to).map_err(|e| Error::io(to, e))
+}
+
+/// xxh3 of a whole byte slice, hex, as the manifest records it.
+pub(crate) fn file_hash_hex(bytes: &[u8]) -> String {
+    format!("{:016x}", xxh3_64(bytes))
+}
