@@ -1,1 +1,207 @@
-fn main() {}
+//! `zrec`: inspect, verify and demo zrecord stores.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use zrecord::prelude::*;
+use zrecord::sample::{self, SplitMix64};
+use zrecord::store::{Kind, StoreStats};
+
+#[derive(Parser)]
+#[command(name = "zrec", version, about = "Typed, immutable ML record stores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a store's kind, dtype, shape, codec, record count, sizes and compression ratio.
+    Info {
+        /// Store folder.
+        path: PathBuf,
+    },
+    /// Check every byte of a store; exit code 0 when intact, 2 when corrupt.
+    Verify {
+        /// Store folder.
+        path: PathBuf,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Run the built-in sample: write each kind in each codec, gather random batches, report
+    /// sizes and throughput against the memcpy limit.
+    Demo {
+        /// Working folder (default: a fresh temporary folder, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Scale factor for the sample sizes.
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+    },
+}
+
+fn human(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", units[u]) }
+}
+
+fn info(path: PathBuf) -> Result<()> {
+    let s = Store::open(&path)?;
+    let st: StoreStats = s.stats();
+    println!("path          {}", path.display());
+    println!("kind          {}", s.kind().name());
+    println!("dtype         {}", s.dtype());
+    match s.kind() {
+        Kind::Dense => println!("item_shape    {:?}", s.item_shape()),
+        Kind::Ragged => println!("ndim          {}", s.ndim()),
+    }
+    println!("codec         {}{}", s.codec(), if st.level != 0 { format!(" (level {})", st.level) } else { String::new() });
+    println!("records       {}", st.record_count);
+    println!("data_shards   {}", st.data_shards);
+    println!("raw bytes     {} ({})", st.raw_bytes, human(st.raw_bytes));
+    println!("stored bytes  {} ({})", st.stored_bytes, human(st.stored_bytes));
+    println!("on disk       {} ({})", st.file_bytes, human(st.file_bytes));
+    println!("ratio         {:.3}x", st.compression_ratio());
+    Ok(())
+}
+
+fn verify(path: PathBuf, quiet: bool) -> Result<u64> {
+    let s = Store::open(&path)?;
+    let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(s.len()) };
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} verify [{bar:40}] {pos}/{len} records ({per_sec}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let r = s.verify_with(&|done| pb.set_position(done));
+    pb.finish_and_clear();
+    r
+}
+
+fn gib_s(bytes: f64, secs: f64) -> f64 {
+    bytes / secs / (1u64 << 30) as f64
+}
+
+fn memcpy_limit(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src); // fault the pages in first
+    let t = Instant::now();
+    let reps = 10;
+    for _ in 0..reps {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+    }
+    gib_s((bytes * reps) as f64, t.elapsed().as_secs_f64())
+}
+
+fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
+    let tmp;
+    let root = match dir {
+        Some(d) => d,
+        None => {
+            tmp = std::env::temp_dir().join(format!("zrec-demo-{}", std::process::id()));
+            tmp.clone()
+        }
+    };
+    let n_img = ((400.0 * scale) as usize).max(16);
+    let n_tok = ((20_000.0 * scale) as usize).max(64);
+    println!("zrecord demo in {}  (images: {n_img} x uint8[3,224,224]; tokens: {n_tok} x int32[512]; ragged: {n_tok} int32 sequences)", root.display());
+    let images = sample::vision(n_img, 3, 224, 224, 1);
+    let tokens = sample::tokens_dense(n_tok, 512, 2);
+    let ragged = sample::tokens_ragged(n_tok, 3);
+    let alloc = Allocator::default();
+    let limit = memcpy_limit(256 * 3 * 224 * 224);
+    println!("memcpy limit (one contiguous buffer, this machine): {limit:.2} GiB/s\n");
+    println!("{:<14} {:<10} {:>10} {:>10} {:>7} {:>11} {:>12} {:>14} {:>9}", "workload", "codec", "raw", "stored", "ratio", "write GiB/s", "gather GiB/s", "records/s", "x memcpy");
+    let mut rng = SplitMix64::new(42);
+    for codec in Codec::ALL {
+        // Dense vision.
+        for (name, kind) in [("dense-vision", 0), ("dense-tokens", 1), ("ragged-tokens", 2)] {
+            let path = root.join(format!("{name}-{codec}"));
+            let dict = if codec == Codec::ZstdDict {
+                let samples: Vec<Vec<u8>> = match kind {
+                    0 => images.chunks(3 * 224 * 224).take(64).map(|c| c.to_vec()).collect(),
+                    1 => tokens.chunks(512).take(2000).map(|c| c.iter().flat_map(|x| x.to_le_bytes()).collect()).collect(),
+                    _ => ragged.cu_seqlens.windows(2).take(2000).map(|w| ragged.values[w[0] as usize..w[1] as usize].iter().flat_map(|x| x.to_le_bytes()).collect()).collect(),
+                };
+                Some(train_dict(&samples[..], 64 << 10)?)
+            } else {
+                None
+            };
+            let opts = WriterOptions { codec, dictionary: dict, ..Default::default() };
+            let t = Instant::now();
+            let n = match kind {
+                0 => { let mut w = DenseWriter::create(&path, DType::UInt8, &[3, 224, 224], opts)?; w.append_slice(&images)?; w.finish()?; n_img }
+                1 => { let mut w = DenseWriter::create(&path, DType::Int32, &[512], opts)?; w.append_slice(&tokens)?; w.finish()?; n_tok }
+                _ => { let mut w = RaggedWriter::create(&path, DType::Int32, 1, opts)?; w.append(&ragged.as_input())?; w.finish()?; n_tok }
+            };
+            let wsecs = t.elapsed().as_secs_f64();
+            let store = Store::open(&path)?;
+            let st = store.stats();
+            // Gather random batches of 256 for ~0.5 s.
+            let t = Instant::now();
+            let (mut bytes, mut recs) = (0usize, 0usize);
+            while t.elapsed().as_secs_f64() < 0.5 {
+                let ids: Vec<u64> = (0..256).map(|_| rng.below(n as u64)).collect();
+                bytes += match &store {
+                    Store::Dense(s) => s.bind(&alloc).gather(&ids)?.nbytes(),
+                    Store::Ragged(s) => s.bind(&alloc).gather(&ids)?.values().nbytes(),
+                };
+                recs += 256;
+            }
+            let gsecs = t.elapsed().as_secs_f64();
+            let g = gib_s(bytes as f64, gsecs);
+            println!(
+                "{:<14} {:<10} {:>10} {:>10} {:>6.2}x {:>11.2} {:>12.2} {:>14.0} {:>8.2}x",
+                name, codec.name(), human(st.raw_bytes), human(st.stored_bytes), st.compression_ratio(),
+                gib_s(st.raw_bytes as f64, wsecs), g, recs as f64 / gsecs, g / limit
+            );
+            store.verify()?;
+        }
+    }
+    if tmp_is(&root) {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    println!("\nall stores verified; transcode, SQL and Python APIs: see README.md");
+    Ok(())
+}
+
+fn tmp_is(root: &std::path::Path) -> bool {
+    root.file_name().map(|n| n.to_string_lossy().starts_with("zrec-demo-")).unwrap_or(false) && root.starts_with(std::env::temp_dir())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Info { path } => info(path),
+        Command::Verify { path, quiet } => match verify(path.clone(), quiet) {
+            Ok(n) => {
+                println!("ok: {} records verified in {}", n, path.display());
+                Ok(())
+            }
+            Err(e) if e.is_corruption() => {
+                eprintln!("CORRUPT: {e}");
+                return ExitCode::from(2);
+            }
+            Err(e) => Err(e),
+        },
+        Command::Demo { dir, scale } => demo(dir, scale),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(if e.is_corruption() { 2 } else { 1 })
+        }
+    }
+}

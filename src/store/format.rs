@@ -230,7 +230,7 @@ impl Manifest {
     /// Parse and check the checksum and version.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Manifest> {
         let text = std::str::from_utf8(bytes).map_err(|_| Error::corrupt(path, "manifest is not UTF-8"))?;
-        let text = text.strip_suffix('\n').unwrap_or(text);
+        let text = text.strip_suffix('\n').ok_or_else(|| Error::corrupt(path, "manifest is cut short (no final newline)"))?;
         let rest = text.strip_prefix(MANIFEST_PREFIX).ok_or_else(|| Error::corrupt(path, "manifest does not start with its checksum"))?;
         if rest.len() < 16 || !rest.is_char_boundary(16) {
             return Err(Error::corrupt(path, "manifest checksum is cut short"));

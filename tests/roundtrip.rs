@@ -1,0 +1,263 @@
+//! Round trips of every dtype and codec, dense and ragged, against naive references.
+
+mod common;
+
+use common::*;
+use rstest::rstest;
+use zrecord::prelude::*;
+use zrecord::store::Ids;
+
+fn options(codec: Codec, shards: usize, dict_samples: &[Vec<u8>]) -> WriterOptions {
+    let dictionary = (codec == Codec::ZstdDict).then(|| dict_for(dict_samples));
+    WriterOptions { codec, data_shards: shards, dictionary, ..Default::default() }
+}
+
+#[rstest]
+#[case::raw(Codec::Raw)]
+#[case::zstd(Codec::Zstd)]
+#[case::zstd_dict(Codec::ZstdDict)]
+fn dense_every_dtype(#[case] codec: Codec) {
+    let dir = tempfile::tempdir().unwrap();
+    let alloc = Allocator::cpu(1 << 20);
+    for (k, dtype) in DType::ALL.into_iter().enumerate() {
+        let item = [3usize, 5];
+        let rb = 15 * dtype.size();
+        let n = 41;
+        let data = random_bytes(n * rb, k as u64);
+        let samples: Vec<Vec<u8>> = data.chunks(rb).map(|c| c.to_vec()).collect();
+        let path = dir.path().join(format!("{dtype}"));
+        let mut w = DenseWriter::create(&path, dtype, &item, options(codec, 3, &samples)).unwrap();
+        // Three appends of uneven sizes (one empty) extend the sequence in order.
+        for (lo, hi) in [(0, 7), (7, 7), (7, 41)] {
+            w.append(&TensorView::new(&data[lo * rb..hi * rb], dtype, vec![hi - lo, 3, 5])).unwrap();
+        }
+        assert_eq!(w.len(), 41);
+        w.finish().unwrap();
+
+        let store = DenseStore::open(&path).unwrap();
+        assert_eq!((store.len(), store.dtype(), store.item_shape(), store.codec()), (41, dtype, &item[..], codec));
+        let view = store.bind(&alloc);
+        let ids = [40u64, 0, 5, 5, 17, 3, 40];
+        let t = view.gather(&ids).unwrap();
+        assert_eq!(t.shape(), &[7, 3, 5]);
+        assert_eq!(t.dtype(), dtype);
+        assert_eq!(t.as_bytes(), &dense_reference(&data, rb, &ids)[..], "{dtype} {codec}");
+        let one = view.get(17).unwrap();
+        assert_eq!(one.shape(), &[3, 5]);
+        assert_eq!(one.as_bytes(), &data[17 * rb..18 * rb]);
+        assert_eq!(view.read_all().unwrap().as_bytes(), &data[..]);
+        assert_eq!(view.range(10..13).unwrap().as_bytes(), &data[10 * rb..13 * rb]);
+        let rev = view.gather_ids(Ids::Range { start: 40, step: -3, len: 5 }).unwrap();
+        assert_eq!(rev.as_bytes(), &dense_reference(&data, rb, &[40, 37, 34, 31, 28])[..]);
+        let recs: Vec<Tensor> = view.iter().map(|r| r.unwrap()).collect();
+        assert_eq!(recs.len(), 41);
+        assert_eq!(recs[9].as_bytes(), &data[9 * rb..10 * rb]);
+        assert_eq!(store.verify().unwrap(), 41);
+        let empty = view.gather(&[]).unwrap();
+        assert_eq!(empty.shape(), &[0, 3, 5]);
+    }
+}
+
+#[rstest]
+#[case::raw_1d(Codec::Raw, 1)]
+#[case::zstd_1d(Codec::Zstd, 1)]
+#[case::zstd_dict_1d(Codec::ZstdDict, 1)]
+#[case::raw_3d(Codec::Raw, 3)]
+#[case::zstd_2d(Codec::Zstd, 2)]
+#[case::zstd_dict_2d(Codec::ZstdDict, 2)]
+fn ragged_every_dtype(#[case] codec: Codec, #[case] ndim: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let alloc = Allocator::cpu(1 << 20);
+    for (k, dtype) in DType::ALL.into_iter().enumerate() {
+        let fx = RaggedFixture::new(dtype, ndim, 33, 9, k as u64 + 100);
+        let samples: Vec<Vec<u8>> = fx.records.iter().map(|r| r.0.clone()).collect();
+        let path = dir.path().join(format!("{dtype}"));
+        let mut w = RaggedWriter::create(&path, dtype, ndim, options(codec, 2, &samples)).unwrap();
+        fx.append_to(&mut w, 0, 10).unwrap();
+        fx.append_to(&mut w, 10, 10).unwrap();
+        fx.append_to(&mut w, 10, 33).unwrap();
+        w.finish().unwrap();
+        let store = RaggedStore::open(&path).unwrap();
+        assert_eq!((store.len(), store.dtype(), store.ndim()), (33, dtype, ndim));
+        let view = store.bind(&alloc);
+        let ids = [32u64, 0, 0, 12, 7, 31];
+        fx.check(&view.gather(&ids).unwrap(), &ids);
+        let one = view.get(12).unwrap();
+        fx.check(&one, &[12]);
+        let rec = one.record(0).unwrap();
+        assert_eq!(rec.shape().iter().map(|&d| d as u64).collect::<Vec<_>>(), fx.records[12].1);
+        let all: Vec<u64> = (0..33).collect();
+        fx.check(&view.read_all().unwrap(), &all);
+        fx.check(&view.range(5..9).unwrap(), &[5, 6, 7, 8]);
+        let empty = view.gather(&[]).unwrap();
+        assert_eq!(empty.cu_seqlens_slice(), &[0]);
+        assert_eq!(empty.len(), 0);
+        assert_eq!(empty.shapes().shape(), &[0, ndim]);
+        assert_eq!(store.verify().unwrap(), 33);
+    }
+}
+
+#[test]
+fn to_tensors_restores_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = RaggedFixture::new(DType::Float32, 2, 10, 6, 9);
+    let path = dir.path().join("r");
+    let mut w = RaggedWriter::create(&path, DType::Float32, 2, WriterOptions::default()).unwrap();
+    fx.append_to(&mut w, 0, 10).unwrap();
+    w.finish().unwrap();
+    let view = RaggedStore::open(&path).unwrap().bind(&Allocator::default());
+    let b = view.gather(&[3, 1, 4]).unwrap();
+    let ts = b.to_tensors().unwrap();
+    for (t, id) in ts.iter().zip([3usize, 1, 4]) {
+        let (bytes, shape) = &fx.records[id];
+        assert_eq!(t.shape().iter().map(|&d| d as u64).collect::<Vec<_>>(), *shape);
+        assert_eq!(t.as_bytes(), &bytes[..]);
+    }
+}
+
+#[test]
+fn store_open_reports_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    let mut w = DenseWriter::create(&d, DType::Int64, &[2], WriterOptions::default()).unwrap();
+    w.append_slice(&[1i64, 2, 3, 4]).unwrap();
+    w.finish().unwrap();
+    let r = dir.path().join("r");
+    let mut w = RaggedWriter::create(&r, DType::Int64, 1, WriterOptions::default()).unwrap();
+    let p = PackedRagged::from_records(1, [(&[1i64][..], &[1usize][..])]).unwrap();
+    w.append(&p.as_input()).unwrap();
+    w.finish().unwrap();
+    assert!(matches!(Store::open(&d).unwrap(), Store::Dense(_)));
+    assert!(matches!(Store::open(&r).unwrap(), Store::Ragged(_)));
+    assert!(matches!(DenseStore::open(&r), Err(Error::WrongKind { .. })));
+    assert!(matches!(RaggedStore::open(&d), Err(Error::WrongKind { .. })));
+    let s = Store::open(&d).unwrap();
+    assert_eq!((s.len(), s.dtype(), s.item_shape()), (2, DType::Int64, &[2usize][..]));
+    let st = s.stats();
+    assert_eq!(st.raw_bytes, 32);
+    assert_eq!(st.record_count, 2);
+}
+
+#[test]
+fn empty_store_and_scalar_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("empty");
+    DenseWriter::create(&p, DType::Float64, &[4], WriterOptions::with_codec(Codec::Zstd)).unwrap().finish().unwrap();
+    let s = DenseStore::open(&p).unwrap();
+    assert_eq!(s.len(), 0);
+    assert_eq!(s.verify().unwrap(), 0);
+    assert_eq!(s.bind(&Allocator::default()).read_all().unwrap().shape(), &[0, 4]);
+    // Scalar records: item shape ().
+    let q = dir.path().join("labels");
+    let mut w = DenseWriter::create(&q, DType::Int64, &[], WriterOptions::default()).unwrap();
+    w.append_slice(&[5i64, 6, 7]).unwrap();
+    w.finish().unwrap();
+    let v = DenseStore::open(&q).unwrap().bind(&Allocator::default());
+    let one = v.get(1).unwrap();
+    assert_eq!(one.shape(), &[] as &[usize]);
+    assert_eq!(one.as_slice::<i64>().unwrap(), &[6]);
+    assert_eq!(v.gather(&[2, 0]).unwrap().as_slice::<i64>().unwrap(), &[7, 5]);
+}
+
+#[rstest]
+#[case::dense_raw_to_zstd_dict(false)]
+#[case::ragged_raw_to_zstd_dict(true)]
+fn transcode_by_read_then_append(#[case] ragged: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let alloc = Allocator::default();
+    let src = dir.path().join("src");
+    let dst = dir.path().join("dst");
+    if !ragged {
+        let data = zrecord::sample::tokens_dense(300, 64, 4);
+        let mut w = DenseWriter::create(&src, DType::Int32, &[64], WriterOptions::default()).unwrap();
+        w.append_slice(&data).unwrap();
+        w.finish().unwrap();
+        let source = DenseStore::open(&src).unwrap().bind(&alloc);
+        let dict = train_dict(&source, 8192).unwrap();
+        let mut w = DenseWriter::create(&dst, source.dtype(), source.item_shape(), WriterOptions::zstd_dict(dict)).unwrap();
+        w.append(&source.read_all().unwrap().view()).unwrap();
+        w.finish().unwrap();
+        let out = DenseStore::open(&dst).unwrap();
+        assert_eq!(out.codec(), Codec::ZstdDict);
+        assert!(out.stats().stored_bytes < out.stats().raw_bytes);
+        assert_eq!(out.bind(&alloc).read_all().unwrap().as_slice::<i32>().unwrap(), &data[..]);
+    } else {
+        let p = zrecord::sample::tokens_ragged(500, 8);
+        let mut w = RaggedWriter::create(&src, DType::Int32, 1, WriterOptions::default()).unwrap();
+        w.append(&p.as_input()).unwrap();
+        w.finish().unwrap();
+        let source = RaggedStore::open(&src).unwrap().bind(&alloc);
+        let dict = train_dict(&source, 8192).unwrap();
+        let mut w = RaggedWriter::create(&dst, source.dtype(), source.ndim(), WriterOptions::zstd_dict(dict)).unwrap();
+        w.append(&source.read_all().unwrap().as_input()).unwrap();
+        w.finish().unwrap();
+        let all = RaggedStore::open(&dst).unwrap().bind(&alloc).read_all().unwrap();
+        assert_eq!(all.values().as_slice::<i32>().unwrap(), &p.values[..]);
+        assert_eq!(all.cu_seqlens_slice(), &p.cu_seqlens[..]);
+    }
+}
+
+#[test]
+fn appends_crossing_writer_windows() {
+    // One shard: windows hold 16 MiB of input, so 40 MiB spans three windows.
+    let dir = tempfile::tempdir().unwrap();
+    let rb = 1 << 20;
+    let data = random_bytes(40 * rb + 0, 77);
+    let p = dir.path().join("big");
+    let mut w = DenseWriter::create(&p, DType::UInt8, &[rb], WriterOptions::default().data_shards(1)).unwrap();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    let v = DenseStore::open(&p).unwrap().bind(&Allocator::default());
+    let ids = [39u64, 0, 16, 15, 32, 31];
+    assert!(v.gather(&ids).unwrap().as_bytes() == &dense_reference(&data, rb, &ids)[..]);
+}
+
+#[test]
+fn allocations_return_to_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x");
+    let mut w = DenseWriter::create(&p, DType::Float32, &[1000], WriterOptions::default()).unwrap();
+    w.append_slice(&vec![1.0f32; 100_000]).unwrap();
+    w.finish().unwrap();
+    let alloc = Allocator::cpu(64 << 20);
+    let v = DenseStore::open(&p).unwrap().bind(&alloc);
+    for _ in 0..20 {
+        let t = v.gather(&random_ids(100, 64, 1)).unwrap();
+        assert_eq!(t.numel(), 64_000);
+    }
+    let st = alloc.stats();
+    assert_eq!(st.live_bytes, 0);
+    assert_eq!(st.fresh, 1, "one region served every batch: {st:?}");
+    assert_eq!(st.reused, 19);
+    // A batch outlives its store, view and allocator.
+    let t = v.gather(&[3, 4]).unwrap();
+    drop(v);
+    alloc.close();
+    drop(alloc);
+    assert_eq!(t.as_slice::<f32>().unwrap().len(), 2000);
+    assert!(t.as_slice::<f32>().unwrap().iter().all(|&x| x == 1.0));
+}
+
+#[test]
+fn concurrent_readers_share_one_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c");
+    let data = random_bytes(500 * 96, 3);
+    let mut w = DenseWriter::create(&p, DType::UInt8, &[96], WriterOptions::with_codec(Codec::Zstd)).unwrap();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    let store = DenseStore::open(&p).unwrap();
+    let alloc = Allocator::default();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let view = store.bind(&alloc);
+            let data = &data;
+            s.spawn(move || {
+                for k in 0..50 {
+                    let ids = random_ids(500, 200, t * 1000 + k);
+                    assert!(view.gather(&ids).unwrap().as_bytes() == &dense_reference(data, 96, &ids)[..]);
+                }
+            });
+        }
+    });
+}
