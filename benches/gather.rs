@@ -1,1 +1,164 @@
-fn main(){}
+//! Gather throughput: IID batches of 256 on the three workloads for raw / zstd / zstd_dict,
+//! each group with its limits measured in the same run (a plain memcpy of the same bytes from
+//! one contiguous buffer, and single-thread zstd decompression of the same records). Ends with
+//! a ratio table. `ZREC_BENCH_SCALE=0.1` runs a quick, smaller version.
+
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use common::*;
+use criterion::{Criterion, Throughput};
+use zrecord::prelude::*;
+use zrecord::sample::SplitMix64;
+
+const BATCH: usize = 256;
+const BATCHES: usize = 64;
+
+struct Row {
+    workload: &'static str,
+    codec: Codec,
+    batch_bytes: f64,
+    ours_ns: f64,
+    memcpy_ns: f64,
+    zstd1_ns: Option<f64>,
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .output_directory(&criterion_dir())
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    let threads = rayon::current_num_threads();
+    let dir = bench_dir("gather");
+    let alloc = Allocator::default();
+    let mut rows = Vec::new();
+    for w in Workload::all(true) {
+        let dict = w.dictionary();
+        let mut rng = SplitMix64::new(1);
+        let batches: Vec<Vec<u64>> = (0..BATCHES).map(|_| (0..BATCH).map(|_| rng.below(w.n as u64)).collect()).collect();
+        let batch_bytes: f64 = batches.iter().map(|b| b.iter().map(|&i| w.record(i as usize).len()).sum::<usize>() as f64).sum::<f64>() / BATCHES as f64;
+        let group_name = format!("gather_{}", w.name);
+        for codec in Codec::ALL {
+            let path = dir.join(format!("{}_{codec}", w.name));
+            let opts = WriterOptions { codec, dictionary: (codec == Codec::ZstdDict).then(|| dict.clone()), ..Default::default() };
+            w.write(&path, opts).expect("write");
+            let store = Store::open(&path).expect("open");
+            let mut g = c.benchmark_group(&group_name);
+            g.throughput(Throughput::Bytes(batch_bytes as u64));
+            let mut k = 0usize;
+            match &store {
+                Store::Dense(s) => {
+                    let mut v = s.bind(&alloc);
+                    g.bench_function(format!("zrecord_{codec}"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(v.gather(&batches[k]).expect("gather")); }));
+                    v.set_verify_checksums(false);
+                    g.bench_function(format!("zrecord_{codec}_nocheck"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(v.gather(&batches[k]).expect("gather")); }));
+                }
+                Store::Ragged(s) => {
+                    let mut v = s.bind(&alloc);
+                    g.bench_function(format!("zrecord_{codec}"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(v.gather(&batches[k]).expect("gather")); }));
+                    v.set_verify_checksums(false);
+                    g.bench_function(format!("zrecord_{codec}_nocheck"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(v.gather(&batches[k]).expect("gather")); }));
+                }
+            }
+            // Single-thread zstd decode of the same records, from in-memory frames.
+            if codec != Codec::Raw {
+                let level = zrecord::store::DEFAULT_LEVEL;
+                let mut cctx = zstd::bulk::Compressor::new(level).expect("cctx");
+                if codec == Codec::ZstdDict {
+                    cctx = zstd::bulk::Compressor::with_dictionary(level, &dict).expect("cctx");
+                }
+                let frames: Vec<Vec<u8>> = (0..w.n).map(|i| cctx.compress(w.record(i)).expect("compress")).collect();
+                let mut dctx = if codec == Codec::ZstdDict { zstd::bulk::Decompressor::with_dictionary(&dict).expect("d") } else { zstd::bulk::Decompressor::new().expect("d") };
+                let mut out = vec![0u8; (0..w.n).map(|i| w.record(i).len()).max().unwrap_or(0) * BATCH];
+                let mut k = 0usize;
+                g.bench_function(format!("zstd_1thread_{codec}"), |b| b.iter(|| {
+                    k = (k + 1) % BATCHES;
+                    let mut at = 0;
+                    for &i in &batches[k] {
+                        let n = dctx.decompress_to_buffer(&frames[i as usize], &mut out[at..]).expect("decode");
+                        at += n;
+                    }
+                    black_box(&out);
+                }));
+            }
+            g.finish();
+            rows.push(Row { workload: w.name, codec, batch_bytes, ours_ns: 0.0, memcpy_ns: 0.0, zstd1_ns: None });
+        }
+        // memcpy of the same number of bytes from one contiguous buffer as large as the
+        // dataset (so, like the store's pages, the source is not cache-resident).
+        let n = batch_bytes as usize;
+        let src = vec![3u8; w.total_bytes().max(64 << 20) + n];
+        let mut dst = vec![0u8; n];
+        let windows = (src.len() - n) / 4096;
+        let mut rng = SplitMix64::new(2);
+        let mut g = c.benchmark_group(&group_name);
+        g.throughput(Throughput::Bytes(n as u64));
+        g.bench_function("memcpy", |b| b.iter(|| {
+            let at = rng.below(windows as u64) as usize * 4096;
+            dst.copy_from_slice(black_box(&src[at..at + n]));
+            black_box(&dst);
+        }));
+        g.finish();
+        let _ = std::fs::remove_dir_all(dir.join(format!("{}_raw", w.name)));
+    }
+    // Opening a store of 100M records (sparse files): O(1) in the record count.
+    {
+        let p = dir.join("huge");
+        sparse_store(&p, 100_000_000);
+        let mut g = c.benchmark_group("open");
+        g.bench_function("open_100m_records", |b| b.iter(|| black_box(DenseStore::open(&p).expect("open"))));
+        g.finish();
+    }
+    c.final_summary();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!("\n## Gather, IID batches of {BATCH} ({threads} threads)\n");
+    println!("| workload | codec | zrecord GiB/s | records/s | memcpy GiB/s | x memcpy | zstd 1-thread GiB/s | x (1-thread x {threads}) | unchecked GiB/s |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &mut rows {
+        let g = format!("gather_{}", r.workload);
+        r.ours_ns = mean_ns(&g, &format!("zrecord_{}", r.codec)).unwrap_or(f64::NAN);
+        r.memcpy_ns = mean_ns(&g, "memcpy").unwrap_or(f64::NAN);
+        r.zstd1_ns = mean_ns(&g, &format!("zstd_1thread_{}", r.codec));
+        let ours = gib(r.batch_bytes, r.ours_ns);
+        let mc = gib(r.batch_bytes, r.memcpy_ns);
+        let (z, zr) = match r.zstd1_ns {
+            Some(z) => {
+                let zg = gib(r.batch_bytes, z);
+                (format!("{zg:.2}"), format!("{:.2}x", ours / (zg * threads as f64)))
+            }
+            None => ("-".into(), "-".into()),
+        };
+        let unchecked = mean_ns(&g, &format!("zrecord_{}_nocheck", r.codec)).map(|ns| gib(r.batch_bytes, ns)).unwrap_or(f64::NAN);
+        println!("| {} | {} | {ours:.2} | {:.0} | {mc:.2} | {:.2}x | {z} | {zr} | {unchecked:.2} |", r.workload, r.codec, BATCH as f64 / (r.ours_ns * 1e-9), ours / mc);
+    }
+    if let Some(ns) = mean_ns("open", "open_100m_records") {
+        println!("\nopen a 100M-record store: {:.1} us", ns / 1e3);
+    }
+}
+
+/// A 100M-record store whose index and data are sparse files.
+fn sparse_store(path: &std::path::Path, n: u64) {
+    use std::io::Write;
+    use zrecord::store::format::{self, FileEntry, Kind, Manifest};
+    std::fs::create_dir(path).expect("dir");
+    let mk = |name: &str, header: [u8; 64], len: u64| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(path.join(name)).expect("file");
+        f.write_all(&header).expect("header");
+        f.set_len(len).expect("len");
+        FileEntry { name: name.into(), bytes: len, xxh3: "0000000000000000".into() }
+    };
+    let files = vec![
+        mk(format::INDEX, format::header(format::INDEX_MAGIC, format::ENTRY_BYTES as u32, 0), 64 + n * 24),
+        mk(&format::shard_name(0), format::header(format::DATA_MAGIC, 0, 0), 64 + n),
+    ];
+    let m = Manifest {
+        format: "zrecord".into(), version: format::FORMAT_VERSION, kind: Kind::Dense, dtype: "uint8".into(),
+        item_shape: Some(vec![1]), ndim: None, codec: "raw".into(), level: 0, record_count: n, data_shards: 1,
+        raw_bytes: n, stored_bytes: n, files, created_by: "bench".into(),
+    };
+    std::fs::write(path.join(format::MANIFEST), m.to_bytes().expect("manifest")).expect("write");
+}

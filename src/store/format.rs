@@ -31,7 +31,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::error::{Error, Result};
 
@@ -223,7 +223,7 @@ impl Manifest {
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let body = serde_json::to_string_pretty(self)
             .map_err(|e| Error::invalid("manifest", e.to_string()))?;
-        let sum = xxh3_64(body.as_bytes());
+        let sum = XxHash3_64::oneshot(body.as_bytes());
         Ok(format!("{MANIFEST_PREFIX}{sum:016x}{MANIFEST_MIDDLE}{body}}}\n").into_bytes())
     }
 
@@ -244,7 +244,7 @@ impl Manifest {
             .strip_prefix(MANIFEST_MIDDLE)
             .and_then(|b| b.strip_suffix('}'))
             .ok_or_else(|| Error::corrupt(path, "manifest wrapper is malformed"))?;
-        if xxh3_64(body.as_bytes()) != want {
+        if XxHash3_64::oneshot(body.as_bytes()) != want {
             return Err(Error::corrupt(path, "manifest checksum mismatch"));
         }
         let m: Manifest = serde_json::from_str(body).map_err(|e| Error::corrupt(path, format!("manifest JSON: {e}")))?;

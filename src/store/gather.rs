@@ -5,7 +5,6 @@ use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::Arc;
 
-use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::memory::{Allocator, RaggedBatch, Tensor};
@@ -15,6 +14,9 @@ use crate::store::reader::{StoreCore, MAX_NDIM};
 const PARALLEL_MIN_BYTES: usize = 128 << 10;
 /// Aim for tasks of about this many output bytes.
 const TASK_BYTES: usize = 256 << 10;
+
+/// How many records ahead a gather prefetches.
+const PREFETCH_AHEAD: usize = 8;
 
 /// Which records to read: an explicit list (order and duplicates kept) or an arithmetic range.
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +82,25 @@ impl Ids<'_> {
     }
 }
 
+/// Run `tasks` in parallel on the rayon pool, the calling thread taking the first one itself
+/// (so a gather wakes one worker fewer and never idles its caller). First error wins.
+fn run_parallel<T: Send>(mut tasks: Vec<T>, f: impl Fn(T) -> Result<()> + Sync) -> Result<()> {
+    if tasks.len() <= 1 {
+        return tasks.pop().map(&f).unwrap_or(Ok(()));
+    }
+    let first = tasks.remove(0);
+    let mut results: Vec<Result<()>> = tasks.iter().map(|_| Ok(())).collect();
+    let mine = rayon::in_place_scope(|s| {
+        for (task, slot) in tasks.into_iter().zip(results.iter_mut()) {
+            let f = &f;
+            s.spawn(move |_| *slot = f(task));
+        }
+        f(first)
+    });
+    mine?;
+    results.into_iter().collect()
+}
+
 /// Dense gather into one tensor `[len, *item_shape]`.
 pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<Tensor> {
     ids.validate(core.len, &core.path)?;
@@ -89,20 +110,31 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
     let mut alloc = allocator.allocate(total)?;
     if rb > 0 && b > 0 {
         let out = &mut alloc.as_uninit_mut()[..total];
-        if total < PARALLEL_MIN_BYTES || b == 1 {
+        // Records `lo..lo + chunk.len() / rb` into `chunk`, prefetching a few ahead.
+        let run = |lo: usize, chunk: &mut [MaybeUninit<u8>]| -> Result<()> {
             let mut ctx = core.decoder.context();
-            for (k, slot) in out.chunks_exact_mut(rb).enumerate() {
-                core.read_into(&mut ctx, ids.get(k), None, slot, verify)?;
+            let n = chunk.len() / rb;
+            for k in lo..(lo + PREFETCH_AHEAD).min(lo + n) {
+                core.prefetch(ids.get(k));
             }
+            for (j, slot) in chunk.chunks_exact_mut(rb).enumerate() {
+                if j + PREFETCH_AHEAD < n {
+                    core.prefetch(ids.get(lo + j + PREFETCH_AHEAD));
+                }
+                if j + 2 * PREFETCH_AHEAD < n {
+                    core.prefetch_entry(ids.get(lo + j + 2 * PREFETCH_AHEAD));
+                }
+                core.read_into(&mut ctx, ids.get(lo + j), None, slot, verify)?;
+            }
+            Ok(())
+        };
+        if total < PARALLEL_MIN_BYTES || b == 1 {
+            run(0, out)?;
         } else {
             let per_task = (TASK_BYTES / rb).clamp(1, b.div_ceil(rayon::current_num_threads()).max(1));
-            out.par_chunks_mut(rb * per_task).enumerate().try_for_each(|(t, chunk)| -> Result<()> {
-                let mut ctx = core.decoder.context();
-                for (j, slot) in chunk.chunks_exact_mut(rb).enumerate() {
-                    core.read_into(&mut ctx, ids.get(t * per_task + j), None, slot, verify)?;
-                }
-                Ok(())
-            })?;
+            let tasks: Vec<(usize, &mut [MaybeUninit<u8>])> =
+                out.chunks_mut(rb * per_task).enumerate().map(|(t, c)| (t * per_task, c)).collect();
+            run_parallel(tasks, |(lo, chunk)| run(lo, chunk))?;
         }
     }
     let mut shape = Vec::with_capacity(core.item_shape.len() + 1);
@@ -165,7 +197,13 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             let mut ctx = core.decoder.context();
             let mut sh = [0u64; MAX_NDIM];
             let base = cu[lo] as usize * esize;
+            for k in lo..(lo + PREFETCH_AHEAD).min(hi) {
+                core.prefetch(ids.get(k));
+            }
             for k in lo..hi {
+                if k + PREFETCH_AHEAD < hi {
+                    core.prefetch(ids.get(k + PREFETCH_AHEAD));
+                }
                 let id = ids.get(k);
                 core.shape_into(id, &mut sh)?;
                 let a = cu[k] as usize * esize - base;
@@ -192,7 +230,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
                 tasks.push((lo, hi, mine));
                 lo = hi;
             }
-            tasks.into_par_iter().try_for_each(|(lo, hi, region)| decode_run(lo, hi, region))?;
+            run_parallel(tasks, |(lo, hi, region)| decode_run(lo, hi, region))?;
         }
     }
     let alloc = Arc::new(alloc);

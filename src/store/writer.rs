@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
+use std::hash::Hasher;
+
+use twox_hash::XxHash3_64;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -88,21 +90,21 @@ impl WriterOptions {
 struct HashedFile {
     path: PathBuf,
     out: BufWriter<File>,
-    hasher: Xxh3,
+    hasher: XxHash3_64,
     bytes: u64,
 }
 
 impl HashedFile {
     fn create(path: PathBuf, header: &[u8]) -> Result<HashedFile> {
         let f = File::create_new(&path).map_err(|e| Error::io(&path, e))?;
-        let mut h = HashedFile { path, out: BufWriter::with_capacity(1 << 20, f), hasher: Xxh3::new(), bytes: 0 };
+        let mut h = HashedFile { path, out: BufWriter::with_capacity(1 << 20, f), hasher: XxHash3_64::with_seed(0), bytes: 0 };
         h.write(header)?;
         Ok(h)
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
         self.out.write_all(b).map_err(|e| Error::io(&self.path, e))?;
-        self.hasher.update(b);
+        self.hasher.write(b);
         self.bytes += b.len() as u64;
         Ok(())
     }
@@ -111,7 +113,7 @@ impl HashedFile {
         let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let f = self.out.into_inner().map_err(|e| Error::io(&self.path, e.into_error()))?;
         f.sync_all().map_err(|e| Error::io(&self.path, e))?;
-        Ok(FileEntry { name, bytes: self.bytes, xxh3: format!("{:016x}", self.hasher.digest()) })
+        Ok(FileEntry { name, bytes: self.bytes, xxh3: format!("{:016x}", self.hasher.finish()) })
     }
 }
 
@@ -401,7 +403,7 @@ where
             bytes: bytes.len() as u64,
             limit: format::MAX_RECORD_BYTES,
         })?;
-        let checksum = xxh3_64_with_seed(enc, format::record_seed(first_id + k as u64, shape));
+        let checksum = XxHash3_64::oneshot_with_seed(format::record_seed(first_id + k as u64, shape), enc);
         *slot = IndexEntry { offset, stored_len, shard: w.id, checksum };
         stored += enc.len() as u64;
         w.file.write(enc)?;
@@ -468,5 +470,5 @@ fn fallback_rename(from: &Path, to: &Path) -> Result<()> {
 
 /// xxh3 of a whole byte slice, hex, as the manifest records it.
 pub(crate) fn file_hash_hex(bytes: &[u8]) -> String {
-    format!("{:016x}", xxh3_64(bytes))
+    format!("{:016x}", XxHash3_64::oneshot(bytes))
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite (the README's test command). Installs nothing system-wide beyond what
+# it checks for; CI's .ci/run prepares the machine and then calls this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/zrecord-target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+echo "== cargo test (unit, integration, property, doc tests)"
+cargo test --locked
+
+echo "== examples"
+cargo run --locked --quiet --example transcode
+
+echo "== quick start: zrec demo on the built-in sample (dev profile, small scale)"
+cargo run --locked --quiet --bin zrec -- demo --scale 0.05
+
+echo "== unsafe code under valgrind memcheck (memory, codec, arrow unit tests)"
+if command -v valgrind >/dev/null 2>&1; then
+  bin=$(cargo test --locked --lib --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "zrecord":
+        print(m["executable"])' | tail -1)
+  for filter in memory:: store::codec:: arrow::; do
+    valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
+      "$bin" --test-threads=1 -q "$filter"
+  done
+else
+  echo "valgrind not installed: skipped (CI installs it)"
+fi
+echo "== all tests passed"
