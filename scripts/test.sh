@@ -24,10 +24,23 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "zrecord":
         print(m["executable"])' | tail -1)
   for filter in memory:: store::codec:: arrow::; do
-    valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
+    valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite \
       "$bin" --test-threads=1 -q "$filter"
   done
 else
   echo "valgrind not installed: skipped (CI installs it)"
 fi
+echo "== Python package: venv, maturin develop (dev profile, shared target dir), pytest"
+VENV="${ZRECORD_VENV:-$HOME/.cache/zrecord-venv}"
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+# Test dependencies (CPU wheels only; torch from PyPI pulls CUDA and is left out, see README).
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+  "maturin>=1.5,<2" "numpy>=1.26" pytest pyarrow polars ml_dtypes
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "jax[cpu]" 2>/dev/null \
+  || echo "jax not installed: its DLPack test will be skipped"
+VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" develop --quiet --features python 2>&1 | tail -3
+"$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider
 echo "== all tests passed"

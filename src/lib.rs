@@ -15,6 +15,8 @@ pub mod error;
 pub mod memory;
 pub mod sample;
 pub mod store;
+#[cfg(feature = "python")]
+mod python;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

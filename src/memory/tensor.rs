@@ -137,9 +137,68 @@ impl Tensor {
         Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset + i * stride, dtype: self.dtype, shape: inner })
     }
 
+    /// The same elements with another shape of equal element count (no copy).
+    pub fn reshaped(&self, shape: Vec<usize>) -> Result<Tensor> {
+        if numel(&shape) != Some(self.numel()) {
+            return Err(Error::ShapeMismatch { expected: format!("{} elements", self.numel()), found: format!("shape {shape:?}") });
+        }
+        Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype: self.dtype, shape })
+    }
+
+    /// The same bytes as another dtype and shape of equal byte size (no copy).
+    pub fn reinterpret(&self, dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
+        let n = numel(&shape).and_then(|n| n.checked_mul(dtype.size()));
+        if n != Some(self.nbytes()) || (self.data_ptr() as usize) % dtype.size() != 0 {
+            return Err(Error::ShapeMismatch { expected: format!("{} bytes", self.nbytes()), found: format!("{dtype} {shape:?}") });
+        }
+        Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape })
+    }
+
     pub(crate) fn sub(&self, byte_offset: usize, shape: Vec<usize>) -> Tensor {
         Tensor { alloc: self.alloc.clone(), offset: self.offset + byte_offset, dtype: self.dtype, shape }
     }
+}
+
+/// Where values, offsets and shapes of a ragged batch sit in its one allocation.
+pub(crate) struct RaggedLayout {
+    pub(crate) values_bytes: usize,
+    pub(crate) cu_off: usize,
+    pub(crate) shapes_off: usize,
+    pub(crate) total: usize,
+}
+
+impl RaggedLayout {
+    pub(crate) fn new(values_bytes: usize, n: usize, ndim: usize) -> RaggedLayout {
+        let cu_off = values_bytes.div_ceil(64) * 64;
+        let shapes_off = (cu_off + (n + 1) * 4).div_ceil(64) * 64;
+        RaggedLayout { values_bytes, cu_off, shapes_off, total: shapes_off + n * ndim * 8 }
+    }
+
+    /// # Safety
+    /// All three regions of `alloc` must be initialised.
+    pub(crate) unsafe fn batch(&self, alloc: Arc<Allocation>, dtype: DType, n: usize, ndim: usize) -> RaggedBatch {
+        let total = self.values_bytes / dtype.size().max(1);
+        // SAFETY: per this function's contract.
+        unsafe {
+            RaggedBatch {
+                values: Tensor::from_initialized(alloc.clone(), 0, dtype, vec![total]),
+                cu_seqlens: Tensor::from_initialized(alloc.clone(), self.cu_off, DType::Int32, vec![n + 1]),
+                shapes: Tensor::from_initialized(alloc, self.shapes_off, DType::UInt64, vec![n, ndim]),
+            }
+        }
+    }
+}
+
+fn write_bytes(dst: &mut [std::mem::MaybeUninit<u8>], src: &[u8]) {
+    // SAFETY: `dst` is at least `src.len()` long (slicing panics otherwise, never reached with
+    // the layouts above) and the regions are distinct.
+    let dst = &mut dst[..src.len()];
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len()) };
+}
+
+fn pod_bytes<T: Element>(v: &[T]) -> &[u8] {
+    // SAFETY: `T` is plain old data; the byte view covers exactly the slice.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// A packed batch of variable-shape records: `values` (1-D, the store dtype), `cu_seqlens`
@@ -170,6 +229,63 @@ impl RaggedBatch {
         let cu = Tensor::from_slice(allocator, &packed.cu_seqlens, &[packed.cu_seqlens.len()])?;
         let shapes = Tensor::from_slice(allocator, &packed.shapes, &[records.len(), ndim])?;
         Ok(RaggedBatch { values, cu_seqlens: cu, shapes })
+    }
+
+    /// Copy a validated packed input into one fresh allocation.
+    pub fn copy_from_input(allocator: &Allocator, input: &RaggedInput<'_>) -> Result<RaggedBatch> {
+        let dtype = input.values.dtype;
+        let ndim = input.shapes.shape.get(1).copied().unwrap_or(0);
+        let valid = input.validate(dtype, ndim)?;
+        let n = valid.len;
+        let layout = RaggedLayout::new(input.values.bytes.len(), n, ndim);
+        let mut alloc = allocator.allocate(layout.total)?;
+        let out = alloc.as_uninit_mut();
+        write_bytes(&mut out[..layout.values_bytes], input.values.bytes);
+        write_bytes(&mut out[layout.cu_off..], pod_bytes(&valid.cu_seqlens));
+        write_bytes(&mut out[layout.shapes_off..], pod_bytes(&valid.shapes));
+        // SAFETY: the three regions were just written in full.
+        Ok(unsafe { layout.batch(Arc::new(alloc), dtype, n, ndim) })
+    }
+
+    /// Pack C-contiguous records of one dtype and ndim into one fresh allocation.
+    pub fn pack<'v>(allocator: &Allocator, dtype: DType, ndim: usize, records: impl Iterator<Item = &'v TensorView<'v>> + Clone) -> Result<RaggedBatch> {
+        let mut n = 0usize;
+        let mut values_bytes = 0usize;
+        for (i, r) in records.clone().enumerate() {
+            if r.dtype != dtype {
+                return Err(Error::DtypeMismatch { expected: dtype.to_string(), found: format!("{} (record {i})", r.dtype) });
+            }
+            if r.shape.len() != ndim {
+                return Err(Error::ShapeMismatch { expected: format!("{ndim}-d records"), found: format!("record {i} of shape {:?}", r.shape) });
+            }
+            r.check(&format!("record {i}"))?;
+            if r.bytes.is_empty() {
+                return Err(Error::ragged(format!("record {i} is empty; stored records must be nonempty")));
+            }
+            values_bytes += r.bytes.len();
+            n += 1;
+        }
+        let total = values_bytes / dtype.size().max(1);
+        if total > i32::MAX as usize {
+            return Err(Error::TooManyValues { count: total as u64, limit: i32::MAX as u64 });
+        }
+        let layout = RaggedLayout::new(values_bytes, n, ndim);
+        let mut alloc = allocator.allocate(layout.total)?;
+        let out = alloc.as_uninit_mut();
+        let mut at = 0usize;
+        let mut cu: Vec<i32> = Vec::with_capacity(n + 1);
+        let mut shapes: Vec<u64> = Vec::with_capacity(n * ndim);
+        cu.push(0);
+        for r in records {
+            write_bytes(&mut out[at..at + r.bytes.len()], r.bytes);
+            at += r.bytes.len();
+            cu.push((at / dtype.size()) as i32);
+            shapes.extend(r.shape.iter().map(|&d| d as u64));
+        }
+        write_bytes(&mut out[layout.cu_off..], pod_bytes(&cu));
+        write_bytes(&mut out[layout.shapes_off..], pod_bytes(&shapes));
+        // SAFETY: values, offsets and shapes were all written above.
+        Ok(unsafe { layout.batch(Arc::new(alloc), dtype, n, ndim) })
     }
 
     /// Number of records.
@@ -351,6 +467,79 @@ impl<'a> RaggedInput<'a> {
             cu_seqlens: TensorView::from_slice(cu_seqlens, &[cu_seqlens.len()]),
             shapes: TensorView::from_slice(shapes, &[n, ndim]),
         }
+    }
+}
+
+/// The checked metadata of a [`RaggedInput`].
+#[derive(Debug)]
+pub struct ValidRagged<'a> {
+    /// Number of records.
+    pub len: usize,
+    /// Offsets (`len + 1`).
+    pub cu_seqlens: std::borrow::Cow<'a, [i32]>,
+    /// Shapes (`len * ndim`).
+    pub shapes: std::borrow::Cow<'a, [u64]>,
+}
+
+impl<'a> RaggedInput<'a> {
+    /// Check the packed-batch contract against a store's `dtype` and `ndim`: 1-D contiguous
+    /// values of that dtype, int32 offsets starting at 0, strictly increasing (records are
+    /// nonempty) and ending at the value count, uint64 shapes `[n, ndim]` agreeing with the
+    /// offsets, at most `i32::MAX` values.
+    pub fn validate(&self, dtype: DType, ndim: usize) -> Result<ValidRagged<'a>> {
+        let v = &self.values;
+        if v.dtype != dtype {
+            return Err(Error::DtypeMismatch { expected: dtype.to_string(), found: v.dtype.to_string() });
+        }
+        if v.shape.len() != 1 {
+            return Err(Error::ShapeMismatch { expected: "1-D values".into(), found: format!("values of shape {:?}", v.shape) });
+        }
+        v.check("values")?;
+        let nvals = v.shape[0] as u64;
+        if nvals > i32::MAX as u64 {
+            return Err(Error::TooManyValues { count: nvals, limit: i32::MAX as u64 });
+        }
+        if self.cu_seqlens.shape.len() != 1 {
+            return Err(Error::ShapeMismatch { expected: "1-D cu_seqlens".into(), found: format!("{:?}", self.cu_seqlens.shape) });
+        }
+        let cu = self.cu_seqlens.typed::<i32>("cu_seqlens")?;
+        let shapes = self.shapes.typed::<u64>("shapes")?;
+        if cu.is_empty() {
+            return Err(Error::ragged("cu_seqlens is empty; it needs n + 1 offsets starting at 0"));
+        }
+        let n = cu.len() - 1;
+        if self.shapes.shape != [n, ndim] {
+            return Err(Error::ShapeMismatch {
+                expected: format!("shapes ({n}, {ndim}) for {n} records of ndim {ndim}"),
+                found: format!("{:?}", self.shapes.shape),
+            });
+        }
+        if cu[0] != 0 {
+            return Err(Error::ragged(format!("cu_seqlens must start at 0, starts at {}", cu[0])));
+        }
+        for k in 0..n {
+            let (a, b) = (cu[k], cu[k + 1]);
+            if b <= a {
+                return Err(Error::ragged(if b == a {
+                    format!("record {k} is empty (cu_seqlens[{k}] == cu_seqlens[{}] == {a}); stored records must be nonempty", k + 1)
+                } else {
+                    format!("cu_seqlens must strictly increase: cu_seqlens[{}] = {b} < cu_seqlens[{k}] = {a}", k + 1)
+                }));
+            }
+            let row = &shapes[k * ndim..(k + 1) * ndim];
+            let numel = row.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+            if numel != Some((b - a) as u64) {
+                return Err(Error::ragged(format!(
+                    "record {k}: shape {row:?} holds {} elements but cu_seqlens gives {}",
+                    numel.map(|x| x.to_string()).unwrap_or("overflowing".into()),
+                    b - a
+                )));
+            }
+        }
+        if cu[n] as u64 != nvals {
+            return Err(Error::ragged(format!("cu_seqlens ends at {} but values holds {nvals} elements", cu[n])));
+        }
+        Ok(ValidRagged { len: n, cu_seqlens: cu, shapes })
     }
 }
 

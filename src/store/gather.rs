@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 
 use crate::error::{Error, Result};
-use crate::memory::{Allocator, RaggedBatch, Tensor};
+use crate::memory::{Allocator, RaggedBatch, RaggedLayout, Tensor};
 use crate::store::reader::{StoreCore, MAX_NDIM};
 
 /// Below this many output bytes a gather runs on the calling thread.
@@ -146,10 +146,6 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
     Ok(unsafe { Tensor::from_initialized(Arc::new(alloc), 0, core.dtype, shape) })
 }
 
-fn align64(x: usize) -> usize {
-    x.div_ceil(64) * 64
-}
-
 fn write_ne<const N: usize>(dst: &mut [MaybeUninit<u8>], bytes: [u8; N]) {
     for (d, s) in dst.iter_mut().zip(bytes) {
         d.write(s);
@@ -173,9 +169,8 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
         cu.push(t);
     }
     let values_bytes = total as usize * esize;
-    let cu_off = align64(values_bytes);
-    let sh_off = align64(cu_off + (b + 1) * 4);
-    let size = sh_off + b * nd * 8;
+    let layout = RaggedLayout::new(values_bytes, b, nd);
+    let (cu_off, sh_off, size) = (layout.cu_off, layout.shapes_off, layout.total);
     let mut alloc = allocator.allocate(size)?;
     {
         let out = &mut alloc.as_uninit_mut()[..size];
@@ -233,13 +228,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             run_parallel(tasks, |(lo, hi, region)| decode_run(lo, hi, region))?;
         }
     }
-    let alloc = Arc::new(alloc);
     // SAFETY: values (all `values_bytes`), cu_seqlens (`b + 1` int32) and shapes (`b * nd`
     // uint64) were all written above; padding between them is never exposed.
-    unsafe {
-        let values = Tensor::from_initialized(alloc.clone(), 0, core.dtype, vec![total as usize]);
-        let cu_t = Tensor::from_initialized(alloc.clone(), cu_off, crate::dtype::DType::Int32, vec![b + 1]);
-        let sh_t = Tensor::from_initialized(alloc, sh_off, crate::dtype::DType::UInt64, vec![b, nd]);
-        Ok(RaggedBatch::from_parts(values, cu_t, sh_t))
-    }
+    Ok(unsafe { layout.batch(Arc::new(alloc), core.dtype, b, nd) })
 }

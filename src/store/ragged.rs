@@ -54,59 +54,18 @@ impl RaggedWriter {
     /// (a rejected batch writes nothing).
     pub fn append(&mut self, batch: &RaggedInput<'_>) -> Result<()> {
         self.core.check_usable()?;
-        let v = &batch.values;
-        if v.dtype != self.dtype {
-            return Err(Error::DtypeMismatch { expected: self.dtype.to_string(), found: v.dtype.to_string() });
-        }
-        if v.shape.len() != 1 {
-            return Err(Error::ShapeMismatch { expected: "1-D values".into(), found: format!("values of shape {:?}", v.shape) });
-        }
-        v.check("values")?;
-        let nvals = v.shape[0] as u64;
-        if nvals > i32::MAX as u64 {
-            return Err(Error::TooManyValues { count: nvals, limit: i32::MAX as u64 });
-        }
-        if batch.cu_seqlens.shape.len() != 1 {
-            return Err(Error::ShapeMismatch { expected: "1-D cu_seqlens".into(), found: format!("{:?}", batch.cu_seqlens.shape) });
-        }
-        let cu = batch.cu_seqlens.typed::<i32>("cu_seqlens")?;
-        let shapes = batch.shapes.typed::<u64>("shapes")?;
-        if cu.is_empty() {
-            return Err(Error::ragged("cu_seqlens is empty; it needs n + 1 offsets starting at 0"));
-        }
-        let n = cu.len() - 1;
-        if batch.shapes.shape != [n, self.ndim] {
-            return Err(Error::ShapeMismatch {
-                expected: format!("shapes ({n}, {}) for {n} records of ndim {}", self.ndim, self.ndim),
-                found: format!("{:?}", batch.shapes.shape),
-            });
-        }
-        if cu[0] != 0 {
-            return Err(Error::ragged(format!("cu_seqlens must start at 0, starts at {}", cu[0])));
-        }
+        let valid = batch.validate(self.dtype, self.ndim)?;
+        let (cu, shapes) = (&valid.cu_seqlens[..], &valid.shapes[..]);
         let esize = self.dtype.size();
-        for k in 0..n {
-            let (a, b) = (cu[k], cu[k + 1]);
-            if b <= a {
-                return Err(Error::ragged(if b == a {
-                    format!("record {k} is empty (cu_seqlens[{k}] == cu_seqlens[{}] == {a}); stored records must be nonempty", k + 1)
-                } else {
-                    format!("cu_seqlens must strictly increase: cu_seqlens[{}] = {b} < cu_seqlens[{k}] = {a}", k + 1)
-                }));
-            }
-            let row = &shapes[k * self.ndim..(k + 1) * self.ndim];
-            let numel = row.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
-            if numel != Some((b - a) as u64) {
-                return Err(Error::ragged(format!("record {k}: shape {row:?} holds {} elements but cu_seqlens gives {}", numel.map(|x| x.to_string()).unwrap_or("overflowing".into()), b - a)));
-            }
-            let bytes = (b - a) as u64 * esize as u64;
+        // Every record is at most 2 GiB (a store limit, beyond the packed-batch rules).
+        for k in 0..valid.len {
+            let bytes = (cu[k + 1] - cu[k]) as u64 * esize as u64;
             if bytes > MAX_RECORD_BYTES {
                 return Err(Error::RecordTooLarge { index: k, bytes, limit: MAX_RECORD_BYTES });
             }
         }
-        if cu[n] as u64 != nvals {
-            return Err(Error::ragged(format!("cu_seqlens ends at {} but values holds {nvals} elements", cu[n])));
-        }
+        let n = valid.len;
+        let v = &batch.values;
         let bytes = v.bytes;
         let nd = self.ndim;
         let (cu, shapes) = (&cu[..], &shapes[..]);

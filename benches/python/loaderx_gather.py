@@ -1,0 +1,77 @@
+"""Measure the PyPI `loaderx` gather on one workload (run under Python >= 3.12 by compare.py).
+
+    python3.12 loaderx_gather.py DATA.npz WORKDIR SECONDS BATCH
+Prints one JSON line {"loaderx <codec>": [class, seconds_per_batch], ...}.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from loaderx import Allocator
+from loaderx.zrecord import DenseStore, DenseWriter, RaggedBatch, RaggedStore, RaggedWriter, train_dict
+
+
+def main():
+    data_path, root, seconds, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    z = np.load(data_path)
+    dense = "data" in z
+    name = os.path.basename(data_path)[3:-4]
+    rng = np.random.default_rng(1)
+    out = {}
+    with Allocator("cpu") as alloc:
+        if dense:
+            data = z["data"]
+            n = len(data)
+        else:
+            values, cu = z["values"], z["cu"]
+            n = len(cu) - 1
+            shapes = np.diff(cu).astype(np.uint64).reshape(-1, 1)
+        batches = [rng.integers(0, n, batch) for _ in range(32)]
+        sample_dir = os.path.join(root, f"lx-{name}-sample")
+        if dense:
+            with DenseWriter(sample_dir, data.dtype, data.shape[1:], codec="raw") as w:
+                w.append(data[: min(n, 4000)])
+            with DenseStore(sample_dir) as s:
+                d = train_dict(s.bind(alloc))
+        else:
+            m = min(n, 4000)
+            with RaggedWriter(sample_dir, values.dtype, ndim=1, codec="raw") as w:
+                w.append(RaggedBatch(values[: cu[m]], cu[: m + 1], shapes[:m]))
+            with RaggedStore(sample_dir) as s:
+                d = train_dict(s.bind(alloc))
+        for codec in ("raw", "zstd", "zstd_dict"):
+            p = os.path.join(root, f"lx-{name}-{codec}")
+            kw = {"dict_bytes": d} if codec == "zstd_dict" else {}
+            if dense:
+                with DenseWriter(p, data.dtype, data.shape[1:], codec=codec, **kw) as w:
+                    w.append(data)
+                store = DenseStore(p)
+                view = store.bind(alloc)
+                fn = lambda ids, v=view: np.from_dlpack(v[ids])  # noqa: E731
+                np.testing.assert_array_equal(fn(batches[0]), data[batches[0]])
+            else:
+                with RaggedWriter(p, values.dtype, ndim=1, codec=codec, **kw) as w:
+                    w.append(RaggedBatch(values, cu, shapes))
+                store = RaggedStore(p)
+                view = store.bind(alloc)
+                fn = lambda ids, v=view: np.from_dlpack(v[ids].values)  # noqa: E731
+                want = np.concatenate([values[cu[i]:cu[i + 1]] for i in batches[0]])
+                np.testing.assert_array_equal(fn(batches[0]), want)
+            fn(batches[0])
+            t0 = time.perf_counter()
+            k = 0
+            while True:
+                fn(batches[k % len(batches)])
+                k += 1
+                if k % 8 == 0 and time.perf_counter() - t0 >= seconds:
+                    break
+            out[f"loaderx {codec}"] = ["raw" if codec == "raw" else "compressed", (time.perf_counter() - t0) / k]
+            store.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

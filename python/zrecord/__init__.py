@@ -1,0 +1,69 @@
+"""zrecord: typed, immutable, ordered ML record stores with zero-copy DLPack and Arrow gather.
+
+Writers build a store once and publish it atomically; stores are opened read-only and bound to
+an :class:`Allocator` to read. Dense reads return :class:`DLTensor` (DLPack-only, consume with
+``np.from_dlpack`` / ``torch.from_dlpack``), ragged reads return :class:`RaggedBatch`. Every
+batch also exports through the Arrow PyCapsule interface (``pyarrow.array(batch)``).
+"""
+
+from __future__ import annotations
+
+from . import dtypes
+from ._zrecord import (
+    Allocator,
+    ArrowBatch,
+    CorruptStoreError,
+    DenseStore,
+    DenseView,
+    DenseWriter,
+    DLTensor,
+    RaggedBatch,
+    RaggedStore,
+    RaggedView,
+    RaggedWriter,
+    __version__,
+    train_dict,
+)
+from ._zrecord import open as _open
+
+__all__ = [
+    "Allocator",
+    "ArrowBatch",
+    "CorruptStoreError",
+    "DLTensor",
+    "DenseStore",
+    "DenseView",
+    "DenseWriter",
+    "RaggedBatch",
+    "RaggedStore",
+    "RaggedView",
+    "RaggedWriter",
+    "dtypes",
+    "open",
+    "to_arrow",
+    "train_dict",
+    "__version__",
+]
+
+
+def open(path):  # noqa: A001 - mirrors the builtin on purpose: zrecord.open(path)
+    """Open the store at ``path`` and return a :class:`DenseStore` or :class:`RaggedStore`."""
+    return _open(path)
+
+
+def to_arrow(view, indices=None):
+    """Read a view (all records, or ``indices``) as a ``pyarrow.Table`` with one column
+    ``data``: ``arrow.fixed_shape_tensor`` (dense), ``list<T>`` (ragged 1-D) or
+    ``arrow.variable_shape_tensor`` (ragged N-D). The table shares the gathered memory."""
+    import pyarrow as pa
+
+    batch = pa.record_batch(view.to_arrow_batch(indices))
+    return pa.Table.from_batches([batch])
+
+
+def _view_to_arrow(self, indices=None):
+    return to_arrow(self, indices)
+
+
+DenseView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
+RaggedView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]

@@ -1,0 +1,32 @@
+//! Python bindings (feature `python`): thin wrappers over the Rust API, no logic of their own
+//! beyond argument conversion. The GIL is released during append, gather and verify.
+
+mod errors;
+mod input;
+mod memory;
+mod store;
+
+use pyo3::prelude::*;
+
+/// The `zrecord._zrecord` extension module.
+#[pymodule]
+fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("CorruptStoreError", py.get_type::<errors::CorruptStoreError>())?;
+    m.add_class::<memory::PyAllocator>()?;
+    m.add_class::<memory::PyDLTensor>()?;
+    m.add_class::<memory::PyRaggedBatch>()?;
+    m.add_class::<memory::PyArrowBatch>()?;
+    m.add_class::<store::PyDenseWriter>()?;
+    m.add_class::<store::PyRaggedWriter>()?;
+    m.add_class::<store::PyDenseStore>()?;
+    m.add_class::<store::PyRaggedStore>()?;
+    m.add_class::<store::PyDenseView>()?;
+    m.add_class::<store::PyRaggedView>()?;
+    m.add_class::<store::PyRecordIter>()?;
+    m.add_function(wrap_pyfunction!(store::open, m)?)?;
+    m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
+    m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! Importing producer memory without copying: DLPack capsules (versioned and legacy), our own
+//! tensors directly, and the read-only `__array_interface__` fallback (a NumPy memmap opened
+//! read-only). Also the dtype argument.
+
+use std::ffi::{c_void, CStr};
+
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyString, PyTuple};
+
+use crate::dtype::DType;
+use crate::memory::dlpack::{DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
+use crate::memory::{Tensor, TensorView};
+use crate::python::errors::IntoPy;
+use crate::python::memory::PyDLTensor;
+
+const VERSIONED: &CStr = c"dltensor_versioned";
+const LEGACY: &CStr = c"dltensor";
+const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
+const USED_LEGACY: &CStr = c"used_dltensor";
+
+/// Producer memory borrowed for the duration of one call. Dropping it releases the producer
+/// (calls the DLPack deleter).
+pub(crate) struct Imported<'py> {
+    bytes_ptr: *const u8,
+    nbytes: usize,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) strides: Option<Vec<isize>>,
+    /// Keeps the producer alive: a capsule we must release, our tensor, or the object itself.
+    owner: Owner<'py>,
+}
+
+enum Owner<'py> {
+    Capsule { capsule: Bound<'py, PyCapsule>, versioned: bool, managed: *mut c_void },
+    Tensor(Tensor),
+    Object(Bound<'py, PyAny>),
+}
+
+impl Drop for Imported<'_> {
+    fn drop(&mut self) {
+        if let Owner::Capsule { capsule, versioned, managed } = &self.owner {
+            // SAFETY: we consumed the capsule (renamed it to "used_..." so its own destructor
+            // will not free it) and now own the managed tensor: its deleter is called exactly
+            // once, here, with the GIL held (we hold a `Bound`).
+            unsafe {
+                if *versioned {
+                    let m = *managed as *mut DLManagedTensorVersioned;
+                    if let Some(d) = (*m).deleter {
+                        d(m);
+                    }
+                } else {
+                    let m = *managed as *mut DLManagedTensor;
+                    if let Some(d) = (*m).deleter {
+                        d(m);
+                    }
+                }
+            }
+            let _ = capsule;
+        }
+    }
+}
+
+impl<'py> Imported<'py> {
+    /// The bytes, valid while `self` lives.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        if self.nbytes == 0 {
+            return &[];
+        }
+        // SAFETY: the producer guarantees `nbytes` readable bytes at `bytes_ptr` for as long as
+        // we hold it (`owner`); for strided input `nbytes` covers the addressed span only when
+        // the strides are C-contiguous, which the append path checks before reading.
+        unsafe { std::slice::from_raw_parts(self.bytes_ptr, self.nbytes) }
+    }
+
+    /// A `TensorView` over the imported memory (strides carried along for validation).
+    pub(crate) fn view(&self) -> TensorView<'_> {
+        let v = TensorView::new(self.bytes(), self.dtype, self.shape.clone());
+        match &self.strides {
+            Some(s) => v.with_strides(s.clone()),
+            None => v,
+        }
+    }
+
+    /// Import from any supported producer.
+    pub(crate) fn from_any(obj: &Bound<'py, PyAny>) -> PyResult<Imported<'py>> {
+        if let Ok(t) = obj.cast::<PyDLTensor>() {
+            let t = t.get().tensor().clone();
+            return Ok(Imported {
+                bytes_ptr: t.data_ptr(),
+                nbytes: t.nbytes(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+                strides: None,
+                owner: Owner::Tensor(t),
+            });
+        }
+        if obj.hasattr("__dlpack__")? {
+            if obj.hasattr("__dlpack_device__")? {
+                let (dev, _id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+                if dev != 1 && dev != 3 {
+                    return Err(PyValueError::new_err(format!(
+                        "DLPack device type {dev} is not supported: zrecord appends from CPU memory; move the tensor to the CPU first"
+                    )));
+                }
+            }
+            let py = obj.py();
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("max_version", (1, 1))?;
+            let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
+                Ok(c) => Ok(c),
+                Err(e) if e.is_instance_of::<PyTypeError>(py) => obj.call_method0("__dlpack__"),
+                Err(e) => Err(e),
+            };
+            match capsule {
+                Ok(c) => return Imported::from_capsule(c.cast_into::<PyCapsule>()?),
+                Err(e) if e.is_instance_of::<PyBufferError>(py) => {
+                    // e.g. a read-only array whose producer cannot export it: try the fallback.
+                    if let Ok(i) = Imported::from_array_interface(obj) {
+                        return Ok(i);
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if obj.hasattr("__array_interface__")? {
+            return Imported::from_array_interface(obj);
+        }
+        Err(PyTypeError::new_err(format!(
+            "expected a DLPack tensor (NumPy, PyTorch, JAX, zrecord) or a read-only NumPy buffer, got {}",
+            obj.get_type().name()?
+        )))
+    }
+
+    fn from_capsule(capsule: Bound<'py, PyCapsule>) -> PyResult<Imported<'py>> {
+        let raw = capsule.as_ptr();
+        // SAFETY: `raw` is a live capsule (we hold a reference); IsValid only inspects it.
+        let versioned = unsafe { ffi::PyCapsule_IsValid(raw, VERSIONED.as_ptr()) } == 1;
+        // SAFETY: as above.
+        let legacy = unsafe { ffi::PyCapsule_IsValid(raw, LEGACY.as_ptr()) } == 1;
+        if !versioned && !legacy {
+            return Err(PyValueError::new_err("the DLPack capsule was already consumed or has an unknown name"));
+        }
+        let name = if versioned { VERSIONED } else { LEGACY };
+        // SAFETY: the capsule is valid with this name (checked just above).
+        let managed = unsafe { ffi::PyCapsule_GetPointer(raw, name.as_ptr()) };
+        if managed.is_null() {
+            return Err(PyErr::fetch(capsule.py()));
+        }
+        // SAFETY: per the DLPack protocol the capsule holds a live managed tensor of the kind
+        // its name says; we read the embedded DLTensor.
+        let (dl, read_only): (&DLTensor, bool) = unsafe {
+            if versioned {
+                let m = &*(managed as *const DLManagedTensorVersioned);
+                if m.version.major != 1 {
+                    return Err(PyBufferError::new_err(format!("unsupported DLPack major version {}", m.version.major)));
+                }
+                (&m.dl_tensor, m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0)
+            } else {
+                (&(*(managed as *const DLManagedTensor)).dl_tensor, false)
+            }
+        };
+        let _ = read_only; // appends only read
+        // Consume the capsule: rename it so its destructor leaves the tensor to us.
+        let used = if versioned { USED_VERSIONED } else { USED_LEGACY };
+        // SAFETY: renaming a valid capsule to a static name.
+        unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) };
+        let owner = Owner::Capsule { capsule, versioned, managed };
+        if dl.device.device_type != 1 && dl.device.device_type != 3 {
+            let out = Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], strides: None, owner };
+            drop(out);
+            return Err(PyValueError::new_err(format!("DLPack device type {} is not supported: use CPU memory", dl.device.device_type)));
+        }
+        let dtype = DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes).py_err()?;
+        let ndim = usize::try_from(dl.ndim).map_err(|_| PyValueError::new_err("negative ndim"))?;
+        // SAFETY: `shape` (and `strides` when non-null) point at `ndim` int64 values.
+        let shape_i: &[i64] = if ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(dl.shape, ndim) } };
+        let strides: Option<Vec<isize>> = if dl.strides.is_null() || ndim == 0 {
+            None
+        } else {
+            // SAFETY: as above.
+            Some(unsafe { std::slice::from_raw_parts(dl.strides, ndim) }.iter().map(|&s| s as isize).collect())
+        };
+        let mut shape = Vec::with_capacity(ndim);
+        for &d in shape_i {
+            shape.push(usize::try_from(d).map_err(|_| PyValueError::new_err("negative dimension in DLPack shape"))?);
+        }
+        let numel: usize = shape.iter().product();
+        // Non-contiguous memory is never read (append rejects it), so expose no bytes at all.
+        let nbytes = if c_contiguous(&shape, strides.as_deref()) { numel * dtype.size() } else { 0 };
+        let base = dl.data as *const u8;
+        // SAFETY: `byte_offset` is within the producer's allocation per the DLPack contract.
+        let bytes_ptr = if base.is_null() { std::ptr::null() } else { unsafe { base.add(dl.byte_offset as usize) } };
+        if bytes_ptr.is_null() && nbytes > 0 {
+            return Err(PyValueError::new_err("DLPack tensor has a null data pointer"));
+        }
+        Ok(Imported { bytes_ptr, nbytes, dtype, shape, strides, owner })
+    }
+
+    fn from_array_interface(obj: &Bound<'py, PyAny>) -> PyResult<Imported<'py>> {
+        let ai = obj.getattr("__array_interface__")?;
+        let ai = ai.cast::<PyDict>()?;
+        let get = |k: &str| -> PyResult<Bound<'py, PyAny>> {
+            ai.get_item(k)?.ok_or_else(|| PyValueError::new_err(format!("__array_interface__ lacks '{k}'")))
+        };
+        let (ptr, readonly): (usize, bool) = get("data")?.extract()?;
+        if !readonly {
+            return Err(PyTypeError::new_err(
+                "writable buffer-only objects are not accepted: pass a DLPack tensor (np.asarray(x) works for NumPy)",
+            ));
+        }
+        let typestr: String = get("typestr")?.extract()?;
+        let dtype = DType::from_name(&typestr).py_err()?;
+        let shape: Vec<usize> = get("shape")?.extract()?;
+        let strides_obj = ai.get_item("strides")?;
+        let strides = match strides_obj {
+            Some(s) if !s.is_none() => {
+                let b: Vec<isize> = s.extract()?;
+                Some(b.iter().map(|x| x / dtype.size() as isize).collect())
+            }
+            _ => None,
+        };
+        let nbytes = if c_contiguous(&shape, strides.as_deref()) { shape.iter().product::<usize>() * dtype.size() } else { 0 };
+        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, strides, owner: Owner::Object(obj.clone()) })
+    }
+}
+
+fn c_contiguous(shape: &[usize], strides: Option<&[isize]>) -> bool {
+    let Some(strides) = strides else { return true };
+    let mut expected: isize = 1;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d > 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(d as isize);
+    }
+    strides.len() == shape.len()
+}
+
+/// Resolve a dtype argument: a catalog name, a NumPy dtype or type, or an ml_dtypes type.
+pub(crate) fn dtype_arg(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return DType::from_name(s.to_str()?).py_err();
+    }
+    let py = obj.py();
+    let np = py.import("numpy").map_err(|_| PyTypeError::new_err("dtype must be a name string when NumPy is not installed"))?;
+    let dt = np.call_method1("dtype", (obj,)).map_err(|e| PyTypeError::new_err(format!("not a dtype: {e}")))?;
+    let byteorder: String = dt.getattr("byteorder")?.extract()?;
+    if byteorder == ">" {
+        return Err(PyTypeError::new_err(format!("non-native (big-endian) dtype {} is not supported", dt.str()?)));
+    }
+    if !dt.getattr("fields")?.is_none() || !dt.getattr("subdtype")?.is_none() {
+        return Err(PyTypeError::new_err(format!("structured or subarray dtype {} is not supported", dt.str()?)));
+    }
+    let name: String = dt.getattr("name")?.extract()?;
+    DType::from_name(&name).py_err()
+}
+
+/// A shape argument: a tuple / list of non-negative ints.
+pub(crate) fn shape_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return t.iter().map(|d| d.extract::<usize>().map_err(|_| PyValueError::new_err("item_shape entries must be non-negative ints"))).collect();
+    }
+    obj.extract::<Vec<usize>>().map_err(|_| PyValueError::new_err("item_shape must be a tuple of non-negative ints"))
+}

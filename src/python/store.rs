@@ -1,0 +1,672 @@
+//! Writers, stores and views for Python.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple};
+
+use crate::arrow::{dense_to_arrow, ragged_to_arrow, to_record_batch};
+use crate::dtype::DType;
+use crate::memory::Tensor;
+use crate::python::errors::{to_py, IntoPy};
+use crate::python::input::{dtype_arg, shape_arg, Imported};
+use crate::python::memory::{py_dtype, PyAllocator, PyArrowBatch, PyDLTensor, PyRaggedBatch};
+use crate::store::{
+    self, Codec, DenseStore, DenseView, DenseWriter, DictSource, Ids, RaggedStore, RaggedView, RaggedWriter, Store,
+    StoreStats, WriterOptions,
+};
+
+fn options(codec: &str, dict_bytes: Option<Vec<u8>>, data_shards: usize, level: i32) -> PyResult<WriterOptions> {
+    let codec: Codec = codec.parse().py_err()?;
+    Ok(WriterOptions { codec, level, data_shards, dictionary: dict_bytes })
+}
+
+fn closed_writer() -> PyErr {
+    PyValueError::new_err("writer is closed")
+}
+
+/// Writes a dense store; `close()` (or leaving the `with` block) publishes it.
+#[pyclass(name = "DenseWriter", module = "zrecord", frozen)]
+pub struct PyDenseWriter {
+    inner: Mutex<Option<DenseWriter>>,
+    path: PathBuf,
+}
+
+#[pymethods]
+impl PyDenseWriter {
+    #[new]
+    #[pyo3(signature = (path, dtype, item_shape, codec, dict_bytes = None, data_shards = 4, level = 3))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        dtype: &Bound<'_, PyAny>,
+        item_shape: &Bound<'_, PyAny>,
+        codec: &str,
+        dict_bytes: Option<Vec<u8>>,
+        data_shards: usize,
+        level: i32,
+    ) -> PyResult<Self> {
+        let dtype = dtype_arg(dtype)?;
+        let shape = shape_arg(item_shape)?;
+        let opts = options(codec, dict_bytes, data_shards, level)?;
+        let p = path.clone();
+        let w = py.detach(move || DenseWriter::create(&p, dtype, &shape, opts)).py_err()?;
+        Ok(PyDenseWriter { inner: Mutex::new(Some(w)), path })
+    }
+
+    /// Append a C-contiguous batch `(n, *item_shape)` from any DLPack CPU producer.
+    fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>) -> PyResult<()> {
+        let imported = Imported::from_any(batch)?;
+        let view = imported.view();
+        py.detach(|| {
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let w = g.as_mut().ok_or_else(closed_writer)?;
+            w.append(&view).map_err(to_py)
+        })
+    }
+
+    /// Publish the store (idempotent).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match w {
+                Some(w) => w.finish().map(|_| ()).map_err(to_py),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Discard everything written; nothing is published.
+    fn abort(&self) {
+        drop(self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|w| w.len() as usize).unwrap_or(0)
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
+    fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
+        match exc_type {
+            Some(t) if !t.is_none() => self.abort(),
+            _ => self.close(py)?,
+        }
+        Ok(false)
+    }
+}
+
+/// Writes a ragged store from packed `RaggedBatch`es.
+#[pyclass(name = "RaggedWriter", module = "zrecord", frozen)]
+pub struct PyRaggedWriter {
+    inner: Mutex<Option<RaggedWriter>>,
+    path: PathBuf,
+}
+
+#[pymethods]
+impl PyRaggedWriter {
+    #[new]
+    #[pyo3(signature = (path, dtype, ndim, codec, dict_bytes = None, data_shards = 4, level = 3))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        dtype: &Bound<'_, PyAny>,
+        ndim: usize,
+        codec: &str,
+        dict_bytes: Option<Vec<u8>>,
+        data_shards: usize,
+        level: i32,
+    ) -> PyResult<Self> {
+        let dtype = dtype_arg(dtype)?;
+        let opts = options(codec, dict_bytes, data_shards, level)?;
+        let p = path.clone();
+        let w = py.detach(move || RaggedWriter::create(&p, dtype, ndim, opts)).py_err()?;
+        Ok(PyRaggedWriter { inner: Mutex::new(Some(w)), path })
+    }
+
+    /// Append a `RaggedBatch` (values, int32 cu_seqlens, uint64 shapes).
+    fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>) -> PyResult<()> {
+        let b = batch.cast::<PyRaggedBatch>().map_err(|_| {
+            PyTypeError::new_err("RaggedWriter.append takes a RaggedBatch (build one with RaggedBatch(values, cu_seqlens, shapes) or RaggedBatch.from_records)")
+        })?;
+        b.get().with_input(py, |input| {
+            py.detach(|| {
+                let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                let w = g.as_mut().ok_or_else(closed_writer)?;
+                w.append(input).map_err(to_py)
+            })
+        })
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match w {
+                Some(w) => w.finish().map(|_| ()).map_err(to_py),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn abort(&self) {
+        drop(self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|w| w.len() as usize).unwrap_or(0)
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
+    fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
+        match exc_type {
+            Some(t) if !t.is_none() => self.abort(),
+            _ => self.close(py)?,
+        }
+        Ok(false)
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: StoreStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("record_count", s.record_count)?;
+    d.set_item("raw_bytes", s.raw_bytes)?;
+    d.set_item("stored_bytes", s.stored_bytes)?;
+    d.set_item("file_bytes", s.file_bytes)?;
+    d.set_item("data_shards", s.data_shards)?;
+    d.set_item("level", s.level)?;
+    d.set_item("compression_ratio", s.compression_ratio())?;
+    Ok(d)
+}
+
+/// Open/closed flag shared by a store and its views.
+#[derive(Clone, Default)]
+struct OpenFlag(Arc<AtomicBool>);
+
+impl OpenFlag {
+    fn new() -> Self {
+        OpenFlag(Arc::new(AtomicBool::new(true)))
+    }
+    fn check(&self) -> PyResult<()> {
+        if self.0.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err("the store was closed; its views can no longer be read"))
+        }
+    }
+    fn close(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+macro_rules! store_common {
+    ($ty:ident) => {
+        #[pymethods]
+        impl $ty {
+            fn __len__(&self) -> PyResult<usize> {
+                Ok(self.store()?.len() as usize)
+            }
+            #[getter]
+            fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+                py_dtype(py, self.store()?.dtype())
+            }
+            #[getter]
+            fn codec(&self) -> PyResult<&'static str> {
+                Ok(self.store()?.codec().name())
+            }
+            #[getter]
+            fn path(&self) -> PyResult<PathBuf> {
+                Ok(self.store()?.path().to_path_buf())
+            }
+            /// The trained dictionary of a zstd_dict store, else None.
+            #[getter]
+            fn dictionary<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+                Ok(self.store()?.dictionary().map(|d| PyBytes::new(py, d)))
+            }
+            fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                stats_dict(py, self.store()?.stats())
+            }
+            /// Check every byte; returns the record count or raises CorruptStoreError.
+            fn verify(&self, py: Python<'_>) -> PyResult<u64> {
+                let s = self.store()?.clone();
+                py.detach(move || s.verify()).py_err()
+            }
+            /// Release the store; its views raise from now on.
+            fn close(&self) {
+                self.flag.close();
+                self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+            }
+            #[getter]
+            fn closed(&self) -> bool {
+                !self.flag.0.load(Ordering::Acquire)
+            }
+            fn __enter__(slf: Py<Self>) -> Py<Self> {
+                slf
+            }
+            #[pyo3(signature = (*_args))]
+            fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+                self.close();
+                false
+            }
+        }
+    };
+}
+
+/// An opened dense store (unbound: `bind` an allocator to read).
+#[pyclass(name = "DenseStore", module = "zrecord", frozen)]
+pub struct PyDenseStore {
+    inner: Mutex<Option<DenseStore>>,
+    flag: OpenFlag,
+}
+
+impl PyDenseStore {
+    fn store(&self) -> PyResult<DenseStore> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| PyValueError::new_err("store is closed"))
+    }
+    fn wrap(s: DenseStore) -> Self {
+        PyDenseStore { inner: Mutex::new(Some(s)), flag: OpenFlag::new() }
+    }
+}
+
+#[pymethods]
+impl PyDenseStore {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        Ok(Self::wrap(py.detach(move || DenseStore::open(&path)).py_err()?))
+    }
+    #[getter]
+    fn item_shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.store()?.item_shape())
+    }
+    #[getter]
+    fn ndim(&self) -> PyResult<usize> {
+        Ok(self.store()?.item_shape().len())
+    }
+    /// A placement view reading into `allocator`.
+    fn bind(&self, allocator: &PyAllocator) -> PyResult<PyDenseView> {
+        Ok(PyDenseView { view: self.store()?.bind(&allocator.inner), flag: self.flag.clone() })
+    }
+    fn __repr__(&self) -> String {
+        match self.store() {
+            Ok(s) => format!("{s:?}"),
+            Err(_) => "DenseStore(<closed>)".into(),
+        }
+    }
+}
+store_common!(PyDenseStore);
+
+/// An opened ragged store.
+#[pyclass(name = "RaggedStore", module = "zrecord", frozen)]
+pub struct PyRaggedStore {
+    inner: Mutex<Option<RaggedStore>>,
+    flag: OpenFlag,
+}
+
+impl PyRaggedStore {
+    fn store(&self) -> PyResult<RaggedStore> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| PyValueError::new_err("store is closed"))
+    }
+    fn wrap(s: RaggedStore) -> Self {
+        PyRaggedStore { inner: Mutex::new(Some(s)), flag: OpenFlag::new() }
+    }
+}
+
+#[pymethods]
+impl PyRaggedStore {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        Ok(Self::wrap(py.detach(move || RaggedStore::open(&path)).py_err()?))
+    }
+    #[getter]
+    fn ndim(&self) -> PyResult<usize> {
+        Ok(self.store()?.ndim())
+    }
+    fn bind(&self, allocator: &PyAllocator) -> PyResult<PyRaggedView> {
+        Ok(PyRaggedView { view: self.store()?.bind(&allocator.inner), flag: self.flag.clone() })
+    }
+    fn __repr__(&self) -> String {
+        match self.store() {
+            Ok(s) => format!("{s:?}"),
+            Err(_) => "RaggedStore(<closed>)".into(),
+        }
+    }
+}
+store_common!(PyRaggedStore);
+
+/// Open whichever kind of store is at `path`.
+#[pyfunction]
+pub(crate) fn open(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
+    match py.detach(move || Store::open(&path)).py_err()? {
+        Store::Dense(s) => Ok(Py::new(py, PyDenseStore::wrap(s))?.into_any()),
+        Store::Ragged(s) => Ok(Py::new(py, PyRaggedStore::wrap(s))?.into_any()),
+    }
+}
+
+/// A parsed index expression.
+enum Selection<'py> {
+    One(u64),
+    List(Vec<u64>),
+    Borrowed(Imported<'py>),
+    Range { start: u64, step: i64, len: usize },
+}
+
+impl Selection<'_> {
+    fn ids(&self) -> PyResult<Ids<'_>> {
+        Ok(match self {
+            Selection::One(i) => Ids::List(std::slice::from_ref(i)),
+            Selection::List(v) => Ids::List(v),
+            Selection::Borrowed(im) => Ids::List(u64_slice(im)?),
+            Selection::Range { start, step, len } => Ids::Range { start: *start, step: *step, len: *len },
+        })
+    }
+}
+
+fn u64_slice<'a>(im: &'a Imported<'_>) -> PyResult<&'a [u64]> {
+    let b = im.bytes();
+    if (b.as_ptr() as usize) % 8 != 0 {
+        return Err(PyValueError::new_err("index array is not 8-byte aligned"));
+    }
+    // SAFETY: aligned, in bounds, u64 is POD; the import keeps the memory alive.
+    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u64>(), b.len() / 8) })
+}
+
+fn index_value(x: &Bound<'_, PyAny>, len: u64) -> PyResult<u64> {
+    let i: i128 = x.extract().map_err(|_| PyTypeError::new_err(format!("indices must be integers, got {}", x.get_type().name().map(|n| n.to_string()).unwrap_or_default())))?;
+    if i < 0 || i >= len as i128 {
+        return Err(PyIndexError::new_err(format!("index {i} out of range for a view of {len} records (indices must be in 0..{len})")));
+    }
+    Ok(i as u64)
+}
+
+fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Selection<'py>> {
+    if key.is_instance_of::<PyInt>() {
+        return Ok(Selection::One(index_value(key, len)?));
+    }
+    if let Ok(s) = key.cast::<PySlice>() {
+        let ind = s.indices(len as isize)?;
+        let n = ind.slicelength;
+        return Ok(Selection::Range { start: if n == 0 { 0 } else { ind.start as u64 }, step: ind.step as i64, len: n });
+    }
+    if let Ok(t) = key.cast::<PyTuple>() {
+        return Ok(Selection::List(t.iter().map(|x| index_value(&x, len)).collect::<PyResult<_>>()?));
+    }
+    if let Ok(l) = key.cast::<PyList>() {
+        return Ok(Selection::List(l.iter().map(|x| index_value(&x, len)).collect::<PyResult<_>>()?));
+    }
+    if key.hasattr("__dlpack__")? || key.hasattr("__array_interface__")? {
+        let im = Imported::from_any(key)?;
+        if im.shape.len() != 1 {
+            return Err(PyValueError::new_err(format!("index arrays must be 1-D, got shape {:?}", im.shape)));
+        }
+        let view = im.view();
+        view.check("index array").py_err()?;
+        let bytes = im.bytes();
+        let ids: Vec<u64> = match im.dtype {
+            DType::UInt64 => {
+                let s = u64_slice(&im)?;
+                if let Some(&bad) = s.iter().find(|&&i| i >= len) {
+                    return Err(PyIndexError::new_err(format!("index {bad} out of range for a view of {len} records")));
+                }
+                return Ok(Selection::Borrowed(im));
+            }
+            DType::Int64 => bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])) as i128).map(|i| check_i(i, len)).collect::<PyResult<_>>()?,
+            DType::Int32 => bytes.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i128).map(|i| check_i(i, len)).collect::<PyResult<_>>()?,
+            DType::UInt32 => bytes.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i128).map(|i| check_i(i, len)).collect::<PyResult<_>>()?,
+            other => return Err(PyTypeError::new_err(format!("index arrays must hold integers (int32/int64/uint32/uint64), got {other}"))),
+        };
+        return Ok(Selection::List(ids));
+    }
+    Err(PyTypeError::new_err(format!("unsupported index type {}", key.get_type().name()?)))
+}
+
+fn check_i(i: i128, len: u64) -> PyResult<u64> {
+    if i < 0 || i >= len as i128 {
+        return Err(PyIndexError::new_err(format!("index {i} out of range for a view of {len} records (indices must be in 0..{len})")));
+    }
+    Ok(i as u64)
+}
+
+/// Iterator over a view's records.
+#[pyclass(name = "RecordIter", module = "zrecord")]
+pub struct PyRecordIter {
+    view: Py<PyAny>,
+    next: u64,
+    len: u64,
+}
+
+#[pymethods]
+impl PyRecordIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if self.next >= self.len {
+            return Ok(None);
+        }
+        let i = self.next;
+        self.next += 1;
+        Ok(Some(self.view.bind(py).get_item(i)?.unbind()))
+    }
+}
+
+/// A dense store bound to an allocator: `view[i]`, `view[[i, j]]`, `view[a:b:c]`, `view[i, j]`.
+#[pyclass(name = "DenseView", module = "zrecord", frozen)]
+pub struct PyDenseView {
+    view: DenseView,
+    flag: OpenFlag,
+}
+
+fn gather_dense(py: Python<'_>, view: &DenseView, sel: &Selection<'_>) -> PyResult<Tensor> {
+    let ids = sel.ids()?;
+    py.detach(|| view.gather_ids(ids)).py_err()
+}
+
+#[pymethods]
+impl PyDenseView {
+    fn __len__(&self) -> PyResult<usize> {
+        self.flag.check()?;
+        Ok(self.view.len() as usize)
+    }
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        py_dtype(py, self.view.dtype())
+    }
+    #[getter]
+    fn item_shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.view.item_shape())
+    }
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.view.item_shape().len()
+    }
+    #[getter]
+    fn codec(&self) -> &'static str {
+        self.view.codec().name()
+    }
+    #[getter]
+    fn allocator(&self) -> PyAllocator {
+        PyAllocator { inner: self.view.allocator().clone() }
+    }
+
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyDLTensor> {
+        self.flag.check()?;
+        let sel = parse_key(key, self.view.len())?;
+        let t = gather_dense(py, &self.view, &sel)?;
+        Ok(match sel {
+            Selection::One(_) => PyDLTensor::new(t.index_axis0(0).py_err()?, false),
+            _ => PyDLTensor::new(t, true),
+        })
+    }
+
+    /// Gather ids (any index expression) as one stacked batch.
+    fn gather(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<PyDLTensor> {
+        self.flag.check()?;
+        let sel = match parse_key(ids, self.view.len())? {
+            Selection::One(i) => Selection::List(vec![i]),
+            s => s,
+        };
+        Ok(PyDLTensor::new(gather_dense(py, &self.view, &sel)?, true))
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRecordIter> {
+        slf.flag.check()?;
+        let len = slf.view.len();
+        Ok(PyRecordIter { view: slf.into_pyobject(slf.py())?.into_any().unbind(), next: 0, len })
+    }
+
+    /// The records (all, or `indices`) as an Arrow record batch with one
+    /// `arrow.fixed_shape_tensor` column `data` (read it with `pyarrow.table(...)`).
+    #[pyo3(signature = (indices = None))]
+    fn to_arrow_batch(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<PyArrowBatch> {
+        self.flag.check()?;
+        let sel = match indices {
+            Some(k) => match parse_key(k, self.view.len())? {
+                Selection::One(i) => Selection::List(vec![i]),
+                s => s,
+            },
+            None => Selection::Range { start: 0, step: 1, len: self.view.len() as usize },
+        };
+        let t = gather_dense(py, &self.view, &sel)?;
+        Ok(PyArrowBatch::new(to_record_batch(vec![dense_to_arrow("data", &t).py_err()?]).py_err()?))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DenseView({} records, {}{:?}, {})", self.view.len(), self.view.dtype(), self.view.item_shape(), self.view.codec())
+    }
+}
+
+/// A ragged store bound to an allocator; reads return `RaggedBatch`.
+#[pyclass(name = "RaggedView", module = "zrecord", frozen)]
+pub struct PyRaggedView {
+    view: RaggedView,
+    flag: OpenFlag,
+}
+
+fn gather_ragged(py: Python<'_>, view: &RaggedView, sel: &Selection<'_>) -> PyResult<PyRaggedBatch> {
+    let ids = sel.ids()?;
+    Ok(PyRaggedBatch::owned(py.detach(|| view.gather_ids(ids)).py_err()?))
+}
+
+#[pymethods]
+impl PyRaggedView {
+    fn __len__(&self) -> PyResult<usize> {
+        self.flag.check()?;
+        Ok(self.view.len() as usize)
+    }
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        py_dtype(py, self.view.dtype())
+    }
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.view.ndim()
+    }
+    #[getter]
+    fn codec(&self) -> &'static str {
+        self.view.codec().name()
+    }
+    #[getter]
+    fn allocator(&self) -> PyAllocator {
+        PyAllocator { inner: self.view.allocator().clone() }
+    }
+
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyRaggedBatch> {
+        self.flag.check()?;
+        let sel = parse_key(key, self.view.len())?;
+        gather_ragged(py, &self.view, &sel)
+    }
+
+    fn gather(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<PyRaggedBatch> {
+        self.__getitem__(py, ids)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRecordIter> {
+        slf.flag.check()?;
+        let len = slf.view.len();
+        Ok(PyRecordIter { view: slf.into_pyobject(slf.py())?.into_any().unbind(), next: 0, len })
+    }
+
+    /// The records as an Arrow record batch: `List<T>` (ndim 1) or
+    /// `arrow.variable_shape_tensor` column `data`.
+    #[pyo3(signature = (indices = None))]
+    fn to_arrow_batch(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<PyArrowBatch> {
+        self.flag.check()?;
+        let sel = match indices {
+            Some(k) => parse_key(k, self.view.len())?,
+            None => Selection::Range { start: 0, step: 1, len: self.view.len() as usize },
+        };
+        let ids = sel.ids()?;
+        let b = py.detach(|| self.view.gather_ids(ids)).py_err()?;
+        Ok(PyArrowBatch::new(to_record_batch(vec![ragged_to_arrow("data", &b).py_err()?]).py_err()?))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("RaggedView({} records, {} ndim {}, {})", self.view.len(), self.view.dtype(), self.view.ndim(), self.view.codec())
+    }
+}
+
+/// Train a zstd dictionary from a view, store, batch, or an iterable of arrays / bytes.
+#[pyfunction]
+#[pyo3(signature = (source, max_size = store::DEFAULT_DICT_SIZE))]
+pub(crate) fn train_dict<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, max_size: usize) -> PyResult<Bound<'py, PyBytes>> {
+    let samples: Vec<Vec<u8>> = if let Ok(v) = source.cast::<PyDenseView>() {
+        v.get().flag.check()?;
+        let v = v.get().view.clone();
+        py.detach(move || v.dict_samples(store::DICT_SAMPLE_RECORDS)).py_err()?
+    } else if let Ok(v) = source.cast::<PyRaggedView>() {
+        v.get().flag.check()?;
+        let v = v.get().view.clone();
+        py.detach(move || v.dict_samples(store::DICT_SAMPLE_RECORDS)).py_err()?
+    } else if let Ok(s) = source.cast::<PyDenseStore>() {
+        let s = Store::Dense(s.get().store()?);
+        py.detach(move || s.dict_samples(store::DICT_SAMPLE_RECORDS)).py_err()?
+    } else if let Ok(s) = source.cast::<PyRaggedStore>() {
+        let s = Store::Ragged(s.get().store()?);
+        py.detach(move || s.dict_samples(store::DICT_SAMPLE_RECORDS)).py_err()?
+    } else if let Ok(t) = source.cast::<PyDLTensor>() {
+        t.get().tensor().dict_samples(store::DICT_SAMPLE_RECORDS).py_err()?
+    } else if let Ok(b) = source.cast::<PyRaggedBatch>() {
+        b.get().to_owned_batch(py)?.dict_samples(store::DICT_SAMPLE_RECORDS).py_err()?
+    } else {
+        let mut out = Vec::new();
+        for item in source.try_iter().map_err(|_| PyTypeError::new_err("train_dict takes a view, a store, a batch or an iterable of arrays"))? {
+            let item = item?;
+            if let Ok(b) = item.cast::<PyBytes>() {
+                out.push(b.as_bytes().to_vec());
+            } else {
+                out.push(Imported::from_any(&item)?.bytes().to_vec());
+            }
+            if out.len() >= store::DICT_SAMPLE_RECORDS {
+                break;
+            }
+        }
+        out
+    };
+    let d = py.detach(move || crate::store::codec::train_dict_from_samples(samples.iter().map(|s| s.as_slice()), max_size)).py_err()?;
+    Ok(PyBytes::new(py, &d))
+}
+
+/// Names of the dtype catalog.
+#[pyfunction]
+pub(crate) fn dtype_names() -> Vec<&'static str> {
+    DType::ALL.iter().map(|d| d.name()).collect()
+}

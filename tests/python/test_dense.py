@@ -1,0 +1,153 @@
+import numpy as np
+import pytest
+
+import zrecord
+from conftest import CODECS, HAVE_ML_DTYPES, ML_DTYPES, NUMPY_DTYPES, random_array, writer_kwargs
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_round_trip_numpy_dtypes(tmp_path, alloc, dtype, codec):
+    data = random_array(dtype, (37, 3, 4), seed=len(dtype))
+    path = tmp_path / "s"
+    with zrecord.DenseWriter(path, data.dtype, data.shape[1:], data_shards=3, **writer_kwargs(codec, data)) as w:
+        w.append(data[:10])
+        w.append(data[10:])
+        assert len(w) == 37
+    with zrecord.DenseStore(path) as store:
+        assert len(store) == 37
+        assert store.codec == codec
+        assert store.item_shape == (3, 4)
+        assert store.dtype == data.dtype
+        view = store.bind(alloc)
+        assert len(view) == 37
+        np.testing.assert_array_equal(np.from_dlpack(view[5]), data[5])
+        ids = [36, 0, 5, 5, 17]
+        np.testing.assert_array_equal(np.from_dlpack(view[ids]), data[ids])
+        np.testing.assert_array_equal(np.from_dlpack(view[36, 0, 5]), data[[36, 0, 5]])
+        np.testing.assert_array_equal(np.from_dlpack(view[np.array(ids)]), data[ids])
+        np.testing.assert_array_equal(np.from_dlpack(view[np.array(ids, dtype=np.uint64)]), data[ids])
+        np.testing.assert_array_equal(np.from_dlpack(view[np.array(ids, dtype=np.int32)]), data[ids])
+        for sl in [slice(None), slice(3, 9), slice(None, None, 3), slice(30, 2, -4), slice(-5, None), slice(5, 5)]:
+            np.testing.assert_array_equal(np.from_dlpack(view[sl]), data[sl])
+        records = list(view)
+        assert len(records) == 37
+        np.testing.assert_array_equal(np.from_dlpack(records[12]), data[12])
+        assert store.verify() == 37
+
+
+@pytest.mark.skipif(not HAVE_ML_DTYPES, reason="ml_dtypes not installed")
+@pytest.mark.parametrize("dtype", ML_DTYPES)
+def test_round_trip_ml_dtypes(tmp_path, alloc, dtype):
+    pa = pytest.importorskip("pyarrow")
+    data = random_array(dtype, (20, 6), seed=3)
+    path = tmp_path / "s"
+    with zrecord.DenseWriter(path, dtype, (6,), "zstd") as w:
+        w.append(data)
+    view = zrecord.DenseStore(path).bind(alloc)
+    assert view.dtype == data.dtype
+    t = view[[4, 1]]
+    arr = pa.array(t)
+    flat = arr.storage.flatten() if hasattr(arr, "storage") else arr.flatten()
+    got = np.frombuffer(flat.buffers()[1], dtype=np.uint16 if data.itemsize == 2 else np.uint8)[: 12]
+    np.testing.assert_array_equal(got, data[[4, 1]].reshape(-1).view(got.dtype))
+
+
+def test_zero_copy_and_lifetime(tmp_path):
+    data = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
+    path = tmp_path / "s"
+    with zrecord.DenseWriter(path, np.float32, (8,), "raw") as w:
+        w.append(data)
+    store = zrecord.DenseStore(path)
+    allocator = zrecord.Allocator("cpu")
+    view = store.bind(allocator)
+    t = view[[7, 3, 9]]
+    a = np.from_dlpack(t)
+    # The array aliases the batch's allocation: no copy happened.
+    assert a.__array_interface__["data"][0] == t.data_ptr
+    assert a.ctypes.data % 64 == 0
+    b = np.from_dlpack(t)
+    assert b.__array_interface__["data"][0] == t.data_ptr
+    # The array outlives the tensor, view, store and allocator.
+    del t, view
+    store.close()
+    allocator.close()
+    del store, allocator
+    import gc
+
+    gc.collect()
+    np.testing.assert_array_equal(a, data[[7, 3, 9]])
+    np.testing.assert_array_equal(b, a)
+
+
+def test_record_and_batch_shapes(tmp_path, alloc):
+    data = np.arange(5 * 2 * 3, dtype=np.int16).reshape(5, 2, 3)
+    with zrecord.DenseWriter(tmp_path / "s", "int16", (2, 3), "zstd") as w:
+        w.append(data)
+    view = zrecord.open(tmp_path / "s").bind(alloc)
+    assert isinstance(view, zrecord.DenseView)
+    assert view[0].shape == (2, 3)
+    assert view[[0]].shape == (1, 2, 3)
+    assert view[0, 1].shape == (2, 2, 3)
+    assert view[[]].shape == (0, 2, 3)
+    assert view[0].dtype == np.int16
+    assert view.item_shape == (2, 3) and view.ndim == 2 and view.codec == "zstd"
+    assert view[3].__dlpack_device__() == (1, 0)
+    # Legacy (unversioned) DLPack export works too.
+    cap = view[2].__dlpack__()
+    assert "dltensor" in repr(cap)
+    vcap = view[2].__dlpack__(max_version=(1, 1))
+    assert "dltensor_versioned" in repr(vcap)
+
+
+def test_scalar_records(tmp_path, alloc):
+    labels = np.array([3, 1, 4, 1, 5], dtype=np.int64)
+    with zrecord.DenseWriter(tmp_path / "l", labels.dtype, (), "raw") as w:
+        w.append(labels)
+    v = zrecord.DenseStore(tmp_path / "l").bind(alloc)
+    assert np.from_dlpack(v[2]).shape == ()
+    assert int(np.from_dlpack(v[2])) == 4
+    np.testing.assert_array_equal(np.from_dlpack(v[::2]), labels[::2])
+
+
+def test_readonly_memmap_append_without_copy(tmp_path, alloc):
+    src = tmp_path / "x.npy"
+    data = np.random.default_rng(1).integers(0, 255, size=(64, 32), dtype=np.uint8)
+    np.save(src, data)
+    mm = np.load(src, mmap_mode="r")
+    assert not mm.flags.writeable
+    with zrecord.DenseWriter(tmp_path / "s", mm.dtype, mm.shape[1:], "zstd") as w:
+        w.append(mm)
+    np.testing.assert_array_equal(np.from_dlpack(zrecord.DenseStore(tmp_path / "s").bind(alloc)[:]), data)
+
+
+def test_transcode_raw_to_zstd_dict(tmp_path, alloc):
+    rng = np.random.default_rng(5)
+    data = rng.zipf(1.3, size=(400, 64)).astype(np.int32)
+    with zrecord.DenseWriter(tmp_path / "src", data.dtype, data.shape[1:], "raw") as w:
+        w.append(data)
+    with zrecord.DenseStore(tmp_path / "src") as source_store:
+        source = source_store.bind(alloc)
+        dictionary = zrecord.train_dict(source)
+        assert isinstance(dictionary, bytes) and len(dictionary) > 0
+        with zrecord.DenseWriter(tmp_path / "dst", dtype=source.dtype, item_shape=source.item_shape,
+                                 codec="zstd_dict", dict_bytes=dictionary) as dst:
+            dst.append(source[:])
+    out = zrecord.DenseStore(tmp_path / "dst")
+    assert out.codec == "zstd_dict"
+    assert out.dictionary == dictionary
+    assert out.stats()["stored_bytes"] < out.stats()["raw_bytes"]
+    np.testing.assert_array_equal(np.from_dlpack(out.bind(alloc)[:]), data)
+
+
+def test_allocator_pool_reuse(tmp_path):
+    data = np.ones((100, 1000), dtype=np.float32)
+    with zrecord.DenseWriter(tmp_path / "s", "float32", (1000,), "raw") as w:
+        w.append(data)
+    with zrecord.Allocator("cpu", pool_size=32 << 20) as a:
+        view = zrecord.DenseStore(tmp_path / "s").bind(a)
+        for _ in range(10):
+            view[list(range(50))]
+        st = a.stats()
+        assert st["fresh"] == 1 and st["reused"] == 9 and st["live_bytes"] == 0
+        assert a.pool_size == 32 << 20 and a.device == "cpu"
