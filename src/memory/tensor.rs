@@ -212,11 +212,6 @@ pub struct RaggedBatch {
 }
 
 impl RaggedBatch {
-    /// Assemble from parts that were validated by the caller (crate-internal gather).
-    pub(crate) fn from_parts(values: Tensor, cu_seqlens: Tensor, shapes: Tensor) -> RaggedBatch {
-        RaggedBatch { values, cu_seqlens, shapes }
-    }
-
     /// Pack typed records (each with its shape) into a batch in a fresh allocation.
     pub fn from_records<T: Element>(
         allocator: &Allocator,

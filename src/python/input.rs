@@ -32,6 +32,8 @@ pub(crate) struct Imported<'py> {
     owner: Owner<'py>,
 }
 
+// The Tensor / Object payloads are never read: holding them keeps the producer's memory alive.
+#[allow(dead_code)]
 enum Owner<'py> {
     Capsule { capsule: Bound<'py, PyCapsule>, versioned: bool, managed: *mut c_void },
     Tensor(Tensor),
@@ -116,8 +118,10 @@ impl<'py> Imported<'py> {
             match capsule {
                 Ok(c) => return Imported::from_capsule(c.cast_into::<PyCapsule>()?),
                 Err(e) if e.is_instance_of::<PyBufferError>(py) => {
-                    // e.g. a read-only array whose producer cannot export it: try the fallback.
-                    if let Ok(i) = Imported::from_array_interface(obj) {
+                    // A DLPack producer that cannot export this array (a dtype DLPack/NumPy
+                    // lacks, such as ml_dtypes bfloat16, or an old NumPy's read-only array):
+                    // view the same memory through its array interface instead.
+                    if let Ok(i) = Imported::from_array_interface(obj, true) {
                         return Ok(i);
                     }
                     return Err(e);
@@ -126,7 +130,7 @@ impl<'py> Imported<'py> {
             }
         }
         if obj.hasattr("__array_interface__")? {
-            return Imported::from_array_interface(obj);
+            return Imported::from_array_interface(obj, false);
         }
         Err(PyTypeError::new_err(format!(
             "expected a DLPack tensor (NumPy, PyTorch, JAX, zrecord) or a read-only NumPy buffer, got {}",
@@ -199,20 +203,27 @@ impl<'py> Imported<'py> {
         Ok(Imported { bytes_ptr, nbytes, dtype, shape, strides, owner })
     }
 
-    fn from_array_interface(obj: &Bound<'py, PyAny>) -> PyResult<Imported<'py>> {
+    fn from_array_interface(obj: &Bound<'py, PyAny>, allow_writable: bool) -> PyResult<Imported<'py>> {
         let ai = obj.getattr("__array_interface__")?;
         let ai = ai.cast::<PyDict>()?;
         let get = |k: &str| -> PyResult<Bound<'py, PyAny>> {
             ai.get_item(k)?.ok_or_else(|| PyValueError::new_err(format!("__array_interface__ lacks '{k}'")))
         };
         let (ptr, readonly): (usize, bool) = get("data")?.extract()?;
-        if !readonly {
+        if !readonly && !allow_writable {
             return Err(PyTypeError::new_err(
                 "writable buffer-only objects are not accepted: pass a DLPack tensor (np.asarray(x) works for NumPy)",
             ));
         }
         let typestr: String = get("typestr")?.extract()?;
-        let dtype = DType::from_name(&typestr).py_err()?;
+        let dtype = match DType::from_name(&typestr) {
+            Ok(d) => d,
+            // Opaque typestrs ('<V2') of extension dtypes: resolve by the dtype's name.
+            Err(e) => match obj.getattr("dtype").and_then(|d| d.getattr("name")).and_then(|n| n.extract::<String>()) {
+                Ok(name) => DType::from_name(&name).py_err()?,
+                Err(_) => return Err(crate::python::errors::to_py(e)),
+            },
+        };
         let shape: Vec<usize> = get("shape")?.extract()?;
         let strides_obj = ai.get_item("strides")?;
         let strides = match strides_obj {

@@ -218,10 +218,12 @@ impl OpenFlag {
     }
 }
 
-macro_rules! store_common {
-    ($ty:ident) => {
+macro_rules! store_class {
+    ($ty:ident, { $($extra:tt)* }) => {
         #[pymethods]
         impl $ty {
+            $($extra)*
+
             fn __len__(&self) -> PyResult<usize> {
                 Ok(self.store()?.len() as usize)
             }
@@ -287,8 +289,7 @@ impl PyDenseStore {
     }
 }
 
-#[pymethods]
-impl PyDenseStore {
+store_class!(PyDenseStore, {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         Ok(Self::wrap(py.detach(move || DenseStore::open(&path)).py_err()?))
@@ -311,8 +312,7 @@ impl PyDenseStore {
             Err(_) => "DenseStore(<closed>)".into(),
         }
     }
-}
-store_common!(PyDenseStore);
+});
 
 /// An opened ragged store.
 #[pyclass(name = "RaggedStore", module = "zrecord", frozen)]
@@ -330,8 +330,7 @@ impl PyRaggedStore {
     }
 }
 
-#[pymethods]
-impl PyRaggedStore {
+store_class!(PyRaggedStore, {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         Ok(Self::wrap(py.detach(move || RaggedStore::open(&path)).py_err()?))
@@ -349,8 +348,7 @@ impl PyRaggedStore {
             Err(_) => "RaggedStore(<closed>)".into(),
         }
     }
-}
-store_common!(PyRaggedStore);
+});
 
 /// Open whichever kind of store is at `path`.
 #[pyfunction]
@@ -530,7 +528,8 @@ impl PyDenseView {
     fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRecordIter> {
         slf.flag.check()?;
         let len = slf.view.len();
-        Ok(PyRecordIter { view: slf.into_pyobject(slf.py())?.into_any().unbind(), next: 0, len })
+        let py = slf.py();
+        Ok(PyRecordIter { view: slf.into_pyobject(py)?.into_any().unbind(), next: 0, len })
     }
 
     /// The records (all, or `indices`) as an Arrow record batch with one
@@ -602,7 +601,8 @@ impl PyRaggedView {
     fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRecordIter> {
         slf.flag.check()?;
         let len = slf.view.len();
-        Ok(PyRecordIter { view: slf.into_pyobject(slf.py())?.into_any().unbind(), next: 0, len })
+        let py = slf.py();
+        Ok(PyRecordIter { view: slf.into_pyobject(py)?.into_any().unbind(), next: 0, len })
     }
 
     /// The records as an Arrow record batch: `List<T>` (ndim 1) or

@@ -79,6 +79,6 @@ def test_from_records_errors():
     with pytest.raises(ValueError):
         zrecord.RaggedBatch.from_records([np.zeros(3, np.int32), np.zeros((3, 1), np.int32)])
     with pytest.raises(ValueError, match="ndim"):
-        zrecord.RaggedBatch.from_records([np.int32(3)])
+        zrecord.RaggedBatch.from_records([np.array(3, dtype=np.int32)])
     with pytest.raises(ValueError, match="empty"):
         zrecord.RaggedBatch.from_records([np.zeros(0, np.int32)])
