@@ -197,19 +197,26 @@ fn transcode_by_read_then_append(#[case] ragged: bool) {
     }
 }
 
-#[test]
-fn appends_crossing_writer_windows() {
-    // One shard: windows hold 16 MiB of input, so 40 MiB spans three windows.
+#[rstest]
+#[case::raw_one_shard(Codec::Raw, 1)]
+#[case::zstd_one_shard(Codec::Zstd, 1)]
+#[case::zstd_three_shards(Codec::Zstd, 3)]
+fn appends_crossing_writer_windows(#[case] codec: Codec, #[case] shards: usize) {
+    // Windows hold 16 MiB of input per shard, so 40 MiB spans three windows with one shard;
+    // compressed windows are encoded in 1 MiB chunks spread over the shards.
     let dir = tempfile::tempdir().unwrap();
     let rb = 1 << 20;
-    let data = random_bytes(40 * rb + 0, 77);
+    let data = random_bytes(40 * rb, 77);
     let p = dir.path().join("big");
-    let mut w = DenseWriter::create(&p, DType::UInt8, &[rb], WriterOptions::default().data_shards(1)).unwrap();
+    let mut w = DenseWriter::create(&p, DType::UInt8, &[rb], WriterOptions::with_codec(codec).data_shards(shards)).unwrap();
     w.append_slice(&data).unwrap();
     w.finish().unwrap();
-    let v = DenseStore::open(&p).unwrap().bind(&Allocator::default());
+    let store = DenseStore::open(&p).unwrap();
+    let v = store.bind(&Allocator::default());
     let ids = [39u64, 0, 16, 15, 32, 31];
     assert!(v.gather(&ids).unwrap().as_bytes() == &dense_reference(&data, rb, &ids)[..]);
+    assert!(v.read_all().unwrap().as_bytes() == &data[..]);
+    assert_eq!(store.verify().unwrap(), 40);
 }
 
 #[test]

@@ -142,9 +142,14 @@ pub(crate) struct WriterCore {
     index: Option<HashedFile>,
     shapes: Option<HashedFile>,
     pool: rayon::ThreadPool,
+    /// Idle zstd encoders for the compressed path (one per concurrently encoding thread).
+    encoders: std::sync::Mutex<Vec<Encoder>>,
+    cdict: Option<Arc<zstd::zstd_safe::CDict<'static>>>,
     count: u64,
     raw_bytes: u64,
     stored_bytes: u64,
+    /// Index entries of the window being appended (kept to reuse the allocation).
+    pending: Vec<IndexEntry>,
     /// Set when an append failed half-way; the writer then refuses to publish.
     failed: Option<String>,
     done: bool,
@@ -229,9 +234,12 @@ impl WriterCore {
             index,
             shapes,
             pool,
+            encoders: std::sync::Mutex::new(Vec::new()),
+            cdict,
             count: 0,
             raw_bytes: 0,
             stored_bytes: 0,
+            pending: Vec::new(),
             failed: None,
             done: false,
         })
@@ -285,7 +293,14 @@ impl WriterCore {
                 bytes += record(end).0.len();
                 end += 1;
             }
-            // Split into `s` contiguous parts of about equal bytes.
+            if self.options.codec != Codec::Raw {
+                let stored = self.append_window_compressed(start, end, record)?;
+                self.finish_window(start, end, bytes, stored, record)?;
+                start = end;
+                continue;
+            }
+            // Raw: split into `s` contiguous parts of about equal bytes; each shard worker
+            // copies its part straight from the input into its file.
             let mut cuts = Vec::with_capacity(s + 1);
             cuts.push(start);
             let mut acc = 0usize;
@@ -316,26 +331,110 @@ impl WriterCore {
                     .collect()
             });
             let stored: u64 = stored?.into_iter().sum();
-            let mut buf = Vec::with_capacity(entries.len() * ENTRY_BYTES);
-            for e in &entries {
-                buf.extend_from_slice(&e.encode());
-            }
-            self.index.as_mut().ok_or(Error::Closed { what: "writer" })?.write(&buf)?;
-            if let Some(shapes) = self.shapes.as_mut() {
-                let mut sb = Vec::new();
-                for i in start..end {
-                    for d in record(i).1.unwrap_or(&[]) {
-                        sb.extend_from_slice(&d.to_le_bytes());
-                    }
-                }
-                shapes.write(&sb)?;
-            }
-            self.count += (end - start) as u64;
-            self.raw_bytes += bytes as u64;
-            self.stored_bytes += stored;
+            self.pending = std::mem::take(&mut entries);
+            self.finish_window(start, end, bytes, stored, record)?;
+            entries = std::mem::take(&mut self.pending);
             start = end;
         }
         Ok(())
+    }
+
+    /// Append the window's index entries (in `self.pending`) and shape rows, update counters.
+    fn finish_window<'a, F>(&mut self, start: usize, end: usize, bytes: usize, stored: u64, record: &F) -> Result<()>
+    where
+        F: Fn(usize) -> RecordRef<'a> + Sync,
+    {
+        let mut buf = Vec::with_capacity(self.pending.len() * ENTRY_BYTES);
+        for e in &self.pending {
+            buf.extend_from_slice(&e.encode());
+        }
+        self.index.as_mut().ok_or(Error::Closed { what: "writer" })?.write(&buf)?;
+        if let Some(shapes) = self.shapes.as_mut() {
+            let mut sb = Vec::new();
+            for i in start..end {
+                for d in record(i).1.unwrap_or(&[]) {
+                    sb.extend_from_slice(&d.to_le_bytes());
+                }
+            }
+            shapes.write(&sb)?;
+        }
+        self.count += (end - start) as u64;
+        self.raw_bytes += bytes as u64;
+        self.stored_bytes += stored;
+        Ok(())
+    }
+
+    /// Compressed window: encode ~1 MiB chunks with work stealing (so every core stays busy to
+    /// the end of the window), then each shard writes its chunks (chunk `j` goes to shard
+    /// `j % data_shards`) in order. Leaves the window's index entries in `self.pending`.
+    fn append_window_compressed<'a, F>(&mut self, start: usize, end: usize, record: &F) -> Result<u64>
+    where
+        F: Fn(usize) -> RecordRef<'a> + Sync,
+    {
+        const CHUNK_BYTES: usize = 1 << 20;
+        const CHUNK_RECORDS: usize = 4096;
+        let mut chunks = Vec::new();
+        let mut lo = start;
+        while lo < end {
+            let mut hi = lo;
+            let mut b = 0usize;
+            while hi < end && hi - lo < CHUNK_RECORDS && (b < CHUNK_BYTES || hi == lo) {
+                b += record(hi).0.len();
+                hi += 1;
+            }
+            chunks.push((lo, hi));
+            lo = hi;
+        }
+        let base_id = self.count;
+        let (codec, level, cdict) = (self.options.codec, self.options.level, self.cdict.clone());
+        let encoders = &self.encoders;
+        let path = self.tmp_path.clone();
+        let encoded: Result<Vec<EncodedChunk>> = self.pool.install(|| {
+            chunks
+                .par_iter()
+                .map(|&(lo, hi)| {
+                    let mut enc = encoders.lock().unwrap_or_else(|p| p.into_inner()).pop()
+                        .unwrap_or_else(|| Encoder::new(codec, level, cdict.clone()));
+                    let r = encode_chunk(&mut enc, lo, hi, record, base_id + (lo - start) as u64, &path);
+                    encoders.lock().unwrap_or_else(|p| p.into_inner()).push(enc);
+                    r
+                })
+                .collect()
+        });
+        let encoded = encoded?;
+        let s = self.shards.len();
+        let mut entries = std::mem::take(&mut self.pending);
+        entries.clear();
+        entries.resize(end - start, IndexEntry { offset: 0, stored_len: 0, shard: 0, checksum: 0 });
+        // Disjoint entry slices per chunk, grouped by the shard that writes the chunk.
+        let mut groups: Vec<Vec<(&EncodedChunk, &mut [IndexEntry])>> = (0..s).map(|_| Vec::new()).collect();
+        let mut rest: &mut [IndexEntry] = &mut entries;
+        for (j, c) in encoded.iter().enumerate() {
+            let (mine, tail) = rest.split_at_mut(c.lens.len());
+            rest = tail;
+            groups[j % s].push((c, mine));
+        }
+        let written: Result<Vec<()>> = self.pool.install(|| {
+            self.shards
+                .par_iter_mut()
+                .zip(groups.into_par_iter())
+                .map(|(w, group)| {
+                    for (c, out) in group {
+                        let mut offset = w.file.bytes;
+                        for ((slot, &len), &sum) in out.iter_mut().zip(&c.lens).zip(&c.sums) {
+                            *slot = IndexEntry { offset, stored_len: len, shard: w.id, checksum: sum };
+                            offset += len as u64;
+                        }
+                        w.file.write(&c.data)?;
+                    }
+                    Ok(())
+                })
+                .collect()
+        });
+        written?;
+        let stored = encoded.iter().map(|c| c.data.len() as u64).sum();
+        self.pending = entries;
+        Ok(stored)
     }
 
     /// Flush, fsync, write the manifest last, and rename into place.
@@ -387,6 +486,29 @@ impl WriterCore {
         self.tmp_path = PathBuf::new(); // published: nothing to clean up
         Ok(self.final_path.clone())
     }
+}
+
+/// One chunk of encoded records, ready to be written to a shard.
+struct EncodedChunk {
+    data: Vec<u8>,
+    lens: Vec<u32>,
+    sums: Vec<u64>,
+}
+
+fn encode_chunk<'a, F>(enc: &mut Encoder, lo: usize, hi: usize, record: &F, first_id: u64, path: &Path) -> Result<EncodedChunk>
+where
+    F: Fn(usize) -> RecordRef<'a> + Sync,
+{
+    let mut c = EncodedChunk { data: Vec::new(), lens: Vec::with_capacity(hi - lo), sums: Vec::with_capacity(hi - lo) };
+    for i in lo..hi {
+        let (bytes, shape) = record(i);
+        let e = enc.encode(bytes, path)?;
+        let len = u32::try_from(e.len()).map_err(|_| Error::RecordTooLarge { index: i, bytes: bytes.len() as u64, limit: format::MAX_RECORD_BYTES })?;
+        c.sums.push(XxHash3_64::oneshot_with_seed(format::record_seed(first_id + (i - lo) as u64, shape), e));
+        c.lens.push(len);
+        c.data.extend_from_slice(e);
+    }
+    Ok(c)
 }
 
 fn encode_part<'a, F>(w: &mut ShardWorker, lo: usize, out: &mut [IndexEntry], record: &F, first_id: u64) -> Result<u64>
