@@ -5,9 +5,9 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use zstd::zstd_safe::{self, CCtx, CDict, DCtx, DDict, WriteBuf};
+use zstd::zstd_safe::{self, CCtx, DCtx, DDict, WriteBuf};
 
 use crate::error::{Error, Result};
 
@@ -61,19 +61,31 @@ fn zerr(path: &Path, what: &str, code: usize) -> Error {
     Error::Codec { path: path.to_path_buf(), reason: format!("{what}: {}", zstd_safe::get_error_name(code)) }
 }
 
-/// Per-worker encoder state.
+/// Per-worker encoder state. A `zstd_dict` encoder loads the dictionary into its context
+/// once (sticky), so each record is compressed with parameters sized for that record.
 pub(crate) struct Encoder {
     codec: Codec,
     level: i32,
     cctx: Option<CCtx<'static>>,
-    cdict: Option<Arc<CDict<'static>>>,
     scratch: Vec<u8>,
 }
 
 impl Encoder {
-    pub(crate) fn new(codec: Codec, level: i32, cdict: Option<Arc<CDict<'static>>>) -> Encoder {
-        let cctx = (codec != Codec::Raw).then(CCtx::create);
-        Encoder { codec, level, cctx, cdict, scratch: Vec::new() }
+    /// A new encoder; errors when zstd rejects the level or the dictionary.
+    pub(crate) fn new(codec: Codec, level: i32, dictionary: Option<&[u8]>) -> Result<Encoder> {
+        let cctx = match codec {
+            Codec::Raw => None,
+            Codec::Zstd => Some(CCtx::create()),
+            Codec::ZstdDict => {
+                let mut c = CCtx::create();
+                let bad = |what: &str, code: usize| Error::InvalidCodec { reason: format!("{what}: {}", zstd_safe::get_error_name(code)) };
+                c.set_parameter(zstd_safe::CParameter::CompressionLevel(level)).map_err(|e| bad("level", e))?;
+                let d = dictionary.ok_or_else(|| Error::InvalidCodec { reason: "zstd_dict needs a dictionary".into() })?;
+                c.load_dictionary(d).map_err(|e| bad("zstd could not load the dictionary", e))?;
+                Some(c)
+            }
+        };
+        Ok(Encoder { codec, level, cctx, scratch: Vec::new() })
     }
 
     /// Encode `src`; returns the stored bytes (borrowing `src` for raw, the scratch otherwise).
@@ -82,19 +94,13 @@ impl Encoder {
         let bound = zstd_safe::compress_bound(src.len());
         self.scratch.clear();
         self.scratch.reserve(bound);
-        let r = match (self.codec, self.cdict.as_deref()) {
-            (Codec::ZstdDict, Some(d)) => cctx.compress_using_cdict(&mut self.scratch, src, d),
+        let r = match self.codec {
+            Codec::ZstdDict => cctx.compress2(&mut self.scratch, src),
             _ => cctx.compress(&mut self.scratch, src, self.level),
         };
         r.map_err(|c| zerr(path, "compress", c))?;
         Ok(&self.scratch)
     }
-}
-
-/// Prepare the compression dictionary.
-pub(crate) fn cdict(dictionary: &[u8], level: i32) -> Result<CDict<'static>> {
-    CDict::try_create(dictionary, level)
-        .ok_or_else(|| Error::InvalidCodec { reason: "zstd could not load the dictionary".into() })
 }
 
 /// An output slot of possibly uninitialised memory for zstd to decode into.
@@ -244,9 +250,8 @@ mod tests {
         let src: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
         let samples: Vec<Vec<u8>> = (0..64).map(|k| src[k * 100..k * 100 + 1000].to_vec()).collect();
         let dict = train_dict_from_samples(samples.iter().map(|s| s.as_slice()), 4096).unwrap();
-        let cd = Arc::new(cdict(&dict, 3).unwrap());
         for codec in Codec::ALL {
-            let mut enc = Encoder::new(codec, 3, (codec == Codec::ZstdDict).then(|| cd.clone()));
+            let mut enc = Encoder::new(codec, 3, (codec == Codec::ZstdDict).then_some(&dict[..])).unwrap();
             let stored = enc.encode(&src, p).unwrap().to_vec();
             let dec = Decoder::new(codec, (codec == Codec::ZstdDict).then_some(&dict[..]), p).unwrap();
             let mut out = vec![MaybeUninit::<u8>::uninit(); src.len()];

@@ -10,7 +10,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+
 
 use rayon::prelude::*;
 use std::hash::Hasher;
@@ -19,7 +19,7 @@ use twox_hash::XxHash3_64;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::store::codec::{self, Codec, Encoder, DEFAULT_LEVEL};
+use crate::store::codec::{Codec, Encoder, DEFAULT_LEVEL};
 use crate::store::format::{self, FileEntry, IndexEntry, Kind, Manifest, ENTRY_BYTES};
 
 /// Input bytes per shard per window.
@@ -109,6 +109,22 @@ impl HashedFile {
         Ok(())
     }
 
+    /// Start writing back what was written so far without waiting for it, so the final
+    /// fsync has little left to flush (Linux `sync_file_range`; a no-op elsewhere).
+    fn start_writeback(&mut self) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            self.out.flush().map_err(|e| Error::io(&self.path, e))?;
+            let fd = self.out.get_ref().as_raw_fd();
+            // SAFETY: `fd` is an open file descriptor owned by `self.out`; sync_file_range only
+            // schedules writeback of the file's dirty pages and touches no memory of ours.
+            // Failure is harmless (the final fsync still makes the data durable).
+            unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+        }
+        Ok(())
+    }
+
     fn finish(self) -> Result<FileEntry> {
         let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let f = self.out.into_inner().map_err(|e| Error::io(&self.path, e.into_error()))?;
@@ -144,7 +160,6 @@ pub(crate) struct WriterCore {
     pool: rayon::ThreadPool,
     /// Idle zstd encoders for the compressed path (one per concurrently encoding thread).
     encoders: std::sync::Mutex<Vec<Encoder>>,
-    cdict: Option<Arc<zstd::zstd_safe::CDict<'static>>>,
     count: u64,
     raw_bytes: u64,
     stored_bytes: u64,
@@ -188,10 +203,8 @@ impl WriterCore {
         // From here on, dropping `guard` removes the temp folder.
         let guard = TmpGuard(Some(tmp_path.clone()));
 
-        let cdict = match (&options.codec, &options.dictionary) {
-            (Codec::ZstdDict, Some(d)) => Some(Arc::new(codec::cdict(d, options.level)?)),
-            _ => None,
-        };
+        // Validates level and dictionary up front: a bad one fails `create`, not an append.
+        let first = Encoder::new(options.codec, options.level, options.dictionary.as_deref())?;
         let dictionary_entry = match &options.dictionary {
             Some(d) => {
                 let p = tmp_path.join(format::DICTIONARY);
@@ -204,7 +217,8 @@ impl WriterCore {
         for i in 0..options.data_shards {
             let p = tmp_path.join(format::shard_name(i));
             let file = HashedFile::create(p, &format::header(format::DATA_MAGIC, i as u32, 0))?;
-            shards.push(ShardWorker { id: i as u16, file, encoder: Encoder::new(options.codec, options.level, cdict.clone()) });
+            let encoder = Encoder::new(options.codec, options.level, options.dictionary.as_deref())?;
+            shards.push(ShardWorker { id: i as u16, file, encoder });
         }
         let index = Some(HashedFile::create(tmp_path.join(format::INDEX), &format::header(format::INDEX_MAGIC, ENTRY_BYTES as u32, 0))?);
         let shapes = match ndim {
@@ -234,8 +248,7 @@ impl WriterCore {
             index,
             shapes,
             pool,
-            encoders: std::sync::Mutex::new(Vec::new()),
-            cdict,
+            encoders: std::sync::Mutex::new(vec![first]),
             count: 0,
             raw_bytes: 0,
             stored_bytes: 0,
@@ -386,15 +399,18 @@ impl WriterCore {
             lo = hi;
         }
         let base_id = self.count;
-        let (codec, level, cdict) = (self.options.codec, self.options.level, self.cdict.clone());
+        let (codec, level, dictionary) = (self.options.codec, self.options.level, self.options.dictionary.as_deref());
         let encoders = &self.encoders;
         let path = self.tmp_path.clone();
         let encoded: Result<Vec<EncodedChunk>> = self.pool.install(|| {
             chunks
                 .par_iter()
                 .map(|&(lo, hi)| {
-                    let mut enc = encoders.lock().unwrap_or_else(|p| p.into_inner()).pop()
-                        .unwrap_or_else(|| Encoder::new(codec, level, cdict.clone()));
+                    let pooled = encoders.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                    let mut enc = match pooled {
+                        Some(e) => e,
+                        None => Encoder::new(codec, level, dictionary)?,
+                    };
                     let r = encode_chunk(&mut enc, lo, hi, record, base_id + (lo - start) as u64, &path);
                     encoders.lock().unwrap_or_else(|p| p.into_inner()).push(enc);
                     r
@@ -427,7 +443,7 @@ impl WriterCore {
                         }
                         w.file.write(&c.data)?;
                     }
-                    Ok(())
+                    w.file.start_writeback()
                 })
                 .collect()
         });
@@ -530,6 +546,7 @@ where
         stored += enc.len() as u64;
         w.file.write(enc)?;
     }
+    w.file.start_writeback()?;
     Ok(stored)
 }
 
