@@ -1,4 +1,5 @@
 //! Gather throughput: IID batches of 256 on the three workloads for raw / zstd / zstd_dict,
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! each group with its limits measured in the same run (a plain memcpy of the same bytes from
 //! one contiguous buffer, and single-thread zstd decompression of the same records). Ends with
 //! a ratio table. `ZREC_BENCH_SCALE=0.1` runs a quick, smaller version.
@@ -14,7 +15,8 @@ use zrecord::prelude::*;
 use zrecord::sample::SplitMix64;
 
 const BATCH: usize = 256;
-const BATCHES: usize = 64;
+/// Distinct pre-drawn batches cycled through: 1M ids, so the working set is the whole dataset.
+const BATCHES: usize = 4096;
 
 struct Row {
     workload: &'static str,

@@ -1,4 +1,5 @@
 //! Write throughput on the three workloads for raw / zstd / zstd_dict, with limits measured
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! in the same run: writing the same bytes to one file with fsync (page-cache / disk speed)
 //! and single-thread zstd compression of the same records. Ends with a ratio table.
 

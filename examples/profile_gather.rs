@@ -1,4 +1,5 @@
 //! Profiling harness (not a benchmark): repeated IID gathers of 256 from one store.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `cargo run --release --example profile_gather -- PATH [SECONDS] [nocheck]`
 use zrecord::prelude::*;
 use zrecord::sample::SplitMix64;

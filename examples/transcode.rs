@@ -1,4 +1,5 @@
 //! Store-to-store conversion is read-then-append: build a raw token store, train a dictionary
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! on it, and transcode it to `zstd_dict` by appending gathered batches.
 //!
 //! Run: `cargo run --example transcode [WORKDIR]`

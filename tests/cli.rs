@@ -1,4 +1,5 @@
 //! The `zrec` command line: info, verify (exit codes), demo.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 

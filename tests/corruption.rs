@@ -1,4 +1,5 @@
 //! Truncated or bit-flipped files give typed errors naming the file: never a panic, never
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! different bytes than were written.
 
 mod common;

@@ -1,4 +1,5 @@
 //! A writer process killed mid-write leaves no openable store and the destination free.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

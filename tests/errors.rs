@@ -1,4 +1,5 @@
 //! Every validation error is typed and names the problem; a rejected append writes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

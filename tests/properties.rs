@@ -1,4 +1,5 @@
 //! Property tests: random shapes, lengths, batch splits, shard counts and codecs round trip.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Round trips of every dtype and codec, dense and ragged, against naive references.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Opening a store of 100 million records reads nothing O(N): memory does not grow with the
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! record count. (The time it takes is measured by `benches/gather.rs`, not here.)
 
 use std::fs::OpenOptions;

@@ -1,4 +1,4 @@
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 //! Bench workloads (generated deterministically at bench time), store building, and the
 //! ratio summary read back from criterion's estimates.
 

@@ -28,8 +28,8 @@ def main():
         else:
             values, cu = z["values"], z["cu"]
             n = len(cu) - 1
-            shapes = np.diff(cu).astype(np.uint64).reshape(-1, 1)
-        batches = [rng.integers(0, n, batch) for _ in range(32)]
+            shapes = np.diff(cu).astype(np.uint32).reshape(-1, 1)  # loaderx 2.8 takes uint32 shapes
+        batches = [rng.integers(0, n, batch) for _ in range(4096)]
         sample_dir = os.path.join(root, f"lx-{name}-sample")
         if dense:
             with DenseWriter(sample_dir, data.dtype, data.shape[1:], codec="raw") as w:

@@ -589,6 +589,15 @@ impl<T: Element> PackedRagged<T> {
 
 
 #[cfg(test)]
+impl Tensor {
+    /// Test helper: the same bytes viewed as another dtype and shape of equal byte size.
+    pub(crate) fn sub_dtype_for_test(&self, dtype: DType, shape: Vec<usize>) -> Tensor {
+        assert_eq!(numel(&shape).unwrap() * dtype.size(), self.nbytes());
+        Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -632,14 +641,5 @@ mod tests {
         assert!(b.record(2).is_err());
         let bad = RaggedBatch::from_records(&a, 1, &[(&r0[..], &[2][..])]);
         assert!(bad.is_err());
-    }
-}
-
-#[cfg(test)]
-impl Tensor {
-    /// Test helper: the same bytes viewed as another dtype and shape of equal byte size.
-    pub(crate) fn sub_dtype_for_test(&self, dtype: DType, shape: Vec<usize>) -> Tensor {
-        assert_eq!(numel(&shape).unwrap() * dtype.size(), self.nbytes());
-        Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape }
     }
 }

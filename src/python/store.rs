@@ -38,6 +38,7 @@ pub struct PyDenseWriter {
 #[pymethods]
 impl PyDenseWriter {
     #[new]
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, dtype, item_shape, codec, dict_bytes = None, data_shards = 4, level = 3))]
     fn new(
         py: Python<'_>,
@@ -117,6 +118,7 @@ pub struct PyRaggedWriter {
 #[pymethods]
 impl PyRaggedWriter {
     #[new]
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, dtype, ndim, codec, dict_bytes = None, data_shards = 4, level = 3))]
     fn new(
         py: Python<'_>,
@@ -302,9 +304,13 @@ store_class!(PyDenseStore, {
     fn ndim(&self) -> PyResult<usize> {
         Ok(self.store()?.item_shape().len())
     }
-    /// A placement view reading into `allocator`.
-    fn bind(&self, allocator: &PyAllocator) -> PyResult<PyDenseView> {
-        Ok(PyDenseView { view: self.store()?.bind(&allocator.inner), flag: self.flag.clone() })
+    /// A placement view reading into `allocator`. `verify_checksums=False` skips the
+    /// per-record checksum on reads (bounds are always checked).
+    #[pyo3(signature = (allocator, verify_checksums = true))]
+    fn bind(&self, allocator: &PyAllocator, verify_checksums: bool) -> PyResult<PyDenseView> {
+        let mut view = self.store()?.bind(&allocator.inner);
+        view.set_verify_checksums(verify_checksums);
+        Ok(PyDenseView { view, flag: self.flag.clone() })
     }
     fn __repr__(&self) -> String {
         match self.store() {
@@ -339,8 +345,11 @@ store_class!(PyRaggedStore, {
     fn ndim(&self) -> PyResult<usize> {
         Ok(self.store()?.ndim())
     }
-    fn bind(&self, allocator: &PyAllocator) -> PyResult<PyRaggedView> {
-        Ok(PyRaggedView { view: self.store()?.bind(&allocator.inner), flag: self.flag.clone() })
+    #[pyo3(signature = (allocator, verify_checksums = true))]
+    fn bind(&self, allocator: &PyAllocator, verify_checksums: bool) -> PyResult<PyRaggedView> {
+        let mut view = self.store()?.bind(&allocator.inner);
+        view.set_verify_checksums(verify_checksums);
+        Ok(PyRaggedView { view, flag: self.flag.clone() })
     }
     fn __repr__(&self) -> String {
         match self.store() {

@@ -275,7 +275,7 @@ mod tests {
     #[test]
     fn training_errors() {
         assert!(train_dict_from_samples([&b"abc"[..]], 4096).is_err());
-        let s = vec![1u8; 100];
+        let s = [1u8; 100];
         assert!(train_dict_from_samples((0..20).map(|_| &s[..]), 10).is_err());
     }
 }

@@ -68,7 +68,6 @@ impl RaggedWriter {
         let v = &batch.values;
         let bytes = v.bytes;
         let nd = self.ndim;
-        let (cu, shapes) = (&cu[..], &shapes[..]);
         self.core.append_records(n, |i| {
             (&bytes[cu[i] as usize * esize..cu[i + 1] as usize * esize], Some(&shapes[i * nd..(i + 1) * nd]))
         })

@@ -1,4 +1,4 @@
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 //! Shared fixtures: deterministic random data and naive reference gathers.
 
 use zrecord::prelude::*;
@@ -11,7 +11,7 @@ pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         let x = r.next_u64();
         // Mix compressible runs with noise so codecs do real work.
         if x % 3 == 0 {
-            v.extend(std::iter::repeat((x >> 8) as u8).take(((x >> 16) % 9) as usize));
+            v.extend(std::iter::repeat_n((x >> 8) as u8, ((x >> 16) % 9) as usize));
         } else {
             v.extend_from_slice(&x.to_le_bytes()[..((x >> 20) % 8 + 1) as usize]);
         }

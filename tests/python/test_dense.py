@@ -151,3 +151,21 @@ def test_allocator_pool_reuse(tmp_path):
         st = a.stats()
         assert st["fresh"] == 1 and st["reused"] == 9 and st["live_bytes"] == 0
         assert a.pool_size == 32 << 20 and a.device == "cpu"
+
+
+def test_unchecked_view_reads_same_data(tmp_path, alloc):
+    data = np.arange(300, dtype=np.int32).reshape(100, 3)
+    with zrecord.DenseWriter(tmp_path / "s", np.int32, (3,), "raw") as w:
+        w.append(data)
+    store = zrecord.DenseStore(tmp_path / "s")
+    fast = store.bind(alloc, verify_checksums=False)
+    np.testing.assert_array_equal(np.from_dlpack(fast[[5, 99, 0]]), data[[5, 99, 0]])
+    # Damage a record's bytes: the checked view raises, the unchecked one reads what is there.
+    shard = next(p for p in sorted((tmp_path / "s").iterdir()) if p.name.startswith("data-") and p.stat().st_size > 64)
+    raw = bytearray(shard.read_bytes())
+    raw[64] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    store = zrecord.DenseStore(tmp_path / "s")
+    with pytest.raises(zrecord.CorruptStoreError):
+        store.bind(alloc)[:]
+    assert np.from_dlpack(store.bind(alloc, verify_checksums=False)[:]).shape == (100, 3)
