@@ -144,3 +144,26 @@ fn truncated_files_fail_to_open_naming_the_file() {
         }
     }
 }
+
+#[test]
+fn verify_checks_records_already_read() {
+    // Reads check each record once per opened store; `verify` always checks everything.
+    let dir = tempfile::tempdir().unwrap();
+    let data = random_bytes(50 * 64, 11);
+    let p = dir.path().join("s");
+    let mut w = DenseWriter::create(&p, DType::UInt8, &[64], WriterOptions::default().data_shards(1)).unwrap();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    let store = DenseStore::open(&p).unwrap();
+    let view = store.bind(&Allocator::default());
+    assert!(view.read_all().unwrap().as_bytes() == &data[..]);
+    // Damage record 0 on disk after it was verified (the shared mapping sees the change).
+    let shard = p.join("data-000.bin");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[64] ^= 0x40;
+    std::fs::write(&shard, &bytes).unwrap();
+    assert!(matches!(store.verify(), Err(Error::Corrupt { .. })));
+    // A freshly opened store checks on first read again.
+    let fresh = DenseStore::open(&p).unwrap().bind(&Allocator::default());
+    assert!(fresh.get(0).unwrap_err().is_corruption());
+}

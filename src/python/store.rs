@@ -419,6 +419,15 @@ fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Selection<'py>>
     if let Ok(l) = key.cast::<PyList>() {
         return Ok(Selection::List(l.iter().map(|x| index_value(&x, len)).collect::<PyResult<_>>()?));
     }
+    // NumPy integer scalars and 0-d integer arrays index one record, like Python ints.
+    let zero_d = match key.getattr("ndim") {
+        Ok(nd) => nd.extract::<usize>().map(|n| n == 0).unwrap_or(false),
+        Err(_) => true,
+    };
+    if zero_d && key.hasattr("__index__")? {
+        let i = key.call_method0("__index__")?;
+        return Ok(Selection::One(index_value(&i, len)?));
+    }
     if key.hasattr("__dlpack__")? || key.hasattr("__array_interface__")? {
         let im = Imported::from_any(key)?;
         if im.shape.len() != 1 {

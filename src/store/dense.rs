@@ -231,8 +231,10 @@ impl DenseView {
         &self.allocator
     }
 
-    /// Whether reads check each record's checksum (default true). Turning it off trades
-    /// detection of silent disk corruption for speed; bounds are always checked.
+    /// Whether reads check record checksums (default true): each record is checked the first
+    /// time this opened store reads it, then trusted (stores are immutable), so later epochs
+    /// read at full speed. Off skips even that first check; bounds are always checked, and
+    /// [`DenseStore::verify`] checks every byte regardless.
     pub fn set_verify_checksums(&mut self, on: bool) {
         self.verify = on;
     }

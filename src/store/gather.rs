@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::memory::{Allocator, RaggedBatch, RaggedLayout, Tensor};
-use crate::store::reader::{StoreCore, MAX_NDIM};
+use crate::store::reader::{Check, StoreCore, MAX_NDIM};
 
 /// Below this many output bytes a gather runs on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 128 << 10;
@@ -103,6 +103,7 @@ fn run_parallel<T: Send>(mut tasks: Vec<T>, f: impl Fn(T) -> Result<()> + Sync) 
 
 /// Dense gather into one tensor `[len, *item_shape]`.
 pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<Tensor> {
+    let verify = if verify { Check::FirstRead } else { Check::Off };
     ids.validate(core.len, &core.path)?;
     let rb = core.record_bytes;
     let b = ids.len();
@@ -154,6 +155,7 @@ fn write_ne<const N: usize>(dst: &mut [MaybeUninit<u8>], bytes: [u8; N]) {
 
 /// Ragged gather into one packed batch (values, cu_seqlens, shapes in one allocation).
 pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<RaggedBatch> {
+    let verify = if verify { Check::FirstRead } else { Check::Off };
     ids.validate(core.len, &core.path)?;
     let b = ids.len();
     let nd = core.ndim;

@@ -220,7 +220,8 @@ impl RaggedView {
         &self.allocator
     }
 
-    /// Whether reads check each record's checksum (default true).
+    /// Whether reads check record checksums (default true; once per record per opened
+    /// store, see [`crate::store::DenseView::set_verify_checksums`]).
     pub fn set_verify_checksums(&mut self, on: bool) {
         self.verify = on;
     }

@@ -5,6 +5,8 @@
 use std::fs::File;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -67,8 +69,58 @@ impl Mapped {
     }
 }
 
+/// When a read checks the record checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Never (bounds and sizes are still checked).
+    Off,
+    /// The first time the record is read from this opened store.
+    FirstRead,
+    /// Every time (`verify`).
+    Always,
+}
+
+/// Records whose checksum already passed in this opened store. Reads verify a record the
+/// first time it is gathered and trust it afterwards (a published store is immutable), so
+/// repeated epochs read at unchecked speed while every record is still checked once. Memory
+/// grows with the records read (one bit each, in 8 KiB pages), never at open.
+pub(crate) struct VerifiedSet {
+    pages: OnceLock<Box<[OnceLock<Box<[AtomicU64]>>]>>,
+    len: u64,
+}
+
+const VERIFIED_PAGE_RECORDS: u64 = 1 << 16;
+
+impl VerifiedSet {
+    fn new(len: u64) -> Self {
+        VerifiedSet { pages: OnceLock::new(), len }
+    }
+
+    fn page(&self, id: u64) -> Option<&[AtomicU64]> {
+        self.pages.get()?.get((id / VERIFIED_PAGE_RECORDS) as usize)?.get().map(|p| &p[..])
+    }
+
+    #[inline]
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        let bit = id % VERIFIED_PAGE_RECORDS;
+        self.page(id).map(|p| p[(bit / 64) as usize].load(Ordering::Relaxed) & (1 << (bit % 64)) != 0).unwrap_or(false)
+    }
+
+    #[inline]
+    pub(crate) fn insert(&self, id: u64) {
+        let pages = self.pages.get_or_init(|| {
+            (0..self.len.div_ceil(VERIFIED_PAGE_RECORDS)).map(|_| OnceLock::new()).collect()
+        });
+        let Some(slot) = pages.get((id / VERIFIED_PAGE_RECORDS) as usize) else { return };
+        let page = slot.get_or_init(|| (0..VERIFIED_PAGE_RECORDS / 64).map(|_| AtomicU64::new(0)).collect());
+        let bit = id % VERIFIED_PAGE_RECORDS;
+        page[(bit / 64) as usize].fetch_or(1 << (bit % 64), Ordering::Relaxed);
+    }
+}
+
 /// An opened store of either kind.
 pub(crate) struct StoreCore {
+    pub(crate) verified: VerifiedSet,
     pub(crate) path: PathBuf,
     pub(crate) manifest: Manifest,
     pub(crate) kind: Kind,
@@ -186,6 +238,7 @@ impl StoreCore {
         };
         let decoder = Decoder::new(codec, dictionary.as_deref(), &path)?;
         Ok(StoreCore {
+            verified: VerifiedSet::new(len),
             path,
             kind: manifest.kind,
             manifest,
@@ -298,9 +351,14 @@ impl StoreCore {
         id: u64,
         shape: Option<&[u64]>,
         out: &mut [MaybeUninit<u8>],
-        verify: bool,
+        check: Check,
     ) -> Result<()> {
         let e = self.entry(id);
+        let verify = match check {
+            Check::Off => false,
+            Check::FirstRead => !self.verified.contains(id),
+            Check::Always => true,
+        };
         if self.codec == Codec::Raw && verify {
             // Copy first, then hash the copy while it is hot in L1/L2: one trip to memory
             // instead of two.
@@ -311,10 +369,15 @@ impl StoreCore {
             if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), written) != e.checksum {
                 return Err(Error::corrupt(self.shard_path(&e), format!("checksum mismatch for record {id} (data or index damaged)")));
             }
+            self.verified.insert(id);
             return Ok(());
         }
         let src = self.stored(id, &e, shape, verify)?;
-        ctx.decode_into(src, out, self.shard_path(&e))
+        ctx.decode_into(src, out, self.shard_path(&e))?;
+        if verify {
+            self.verified.insert(id);
+        }
+        Ok(())
     }
 
     /// The store folder.
@@ -355,12 +418,34 @@ impl StoreCore {
                     }
                 };
                 buf.resize(n_bytes, MaybeUninit::uninit());
-                self.read_into(&mut ctx, id, sh, &mut buf[..n_bytes], true)?;
+                self.read_into(&mut ctx, id, sh, &mut buf[..n_bytes], Check::Always)?;
             }
             let d = done.fetch_add(hi - c * CHUNK, std::sync::atomic::Ordering::Relaxed) + (hi - c * CHUNK);
             progress(d);
             Ok(())
         })?;
         Ok(self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verified_set_marks_records_once() {
+        let v = VerifiedSet::new(200_000);
+        assert!(v.pages.get().is_none(), "nothing allocated before the first read");
+        for id in [0u64, 63, 64, 65_535, 65_536, 199_999] {
+            assert!(!v.contains(id));
+            v.insert(id);
+            assert!(v.contains(id));
+        }
+        assert!(!v.contains(1) && !v.contains(65_537));
+        v.insert(300_000); // beyond the last page: ignored, no panic
+        assert!(!v.contains(300_000));
+        let pages = v.pages.get().unwrap();
+        assert_eq!(pages.len(), 4);
+        assert!(pages[2].get().is_none(), "untouched pages stay unallocated");
     }
 }

@@ -169,3 +169,14 @@ def test_unchecked_view_reads_same_data(tmp_path, alloc):
     with pytest.raises(zrecord.CorruptStoreError):
         store.bind(alloc)[:]
     assert np.from_dlpack(store.bind(alloc, verify_checksums=False)[:]).shape == (100, 3)
+
+
+def test_numpy_integer_scalars_index_one_record(tmp_path, alloc):
+    data = np.arange(20, dtype=np.int64).reshape(10, 2)
+    with zrecord.DenseWriter(tmp_path / "s", np.int64, (2,), "raw") as w:
+        w.append(data)
+    view = zrecord.DenseStore(tmp_path / "s").bind(alloc)
+    np.testing.assert_array_equal(np.from_dlpack(view[np.int64(7)]), data[7])
+    np.testing.assert_array_equal(np.from_dlpack(view[np.array(3)]), data[3])
+    with pytest.raises(IndexError):
+        view[np.uint8(10)]
