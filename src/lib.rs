@@ -11,6 +11,7 @@
 
 pub mod arrow;
 pub mod dtype;
+pub mod loader;
 pub mod error;
 pub mod memory;
 pub mod sample;

@@ -1,0 +1,180 @@
+//! Loader: stream alignment across views, in-order delivery for any worker count, exact
+//! resume, bounded in-flight batches, prompt close, rank slicing and argument errors.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use zrecord::loader::{IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView, Value};
+use zrecord::prelude::*;
+
+const N: usize = 240;
+
+/// A dense store whose record i is [i, 2i] and a ragged one whose record i is (i % 5 + 1) copies of i.
+fn fixtures(dir: &std::path::Path) -> (DenseStore, RaggedStore) {
+    let dense: Vec<i64> = (0..N as i64).flat_map(|i| [i, 2 * i]).collect();
+    let mut w = DenseWriter::create(dir.join("d"), DType::Int64, &[2], WriterOptions::with_codec(Codec::Zstd)).unwrap();
+    w.append_slice(&dense).unwrap();
+    w.finish().unwrap();
+    let recs: Vec<Vec<i32>> = (0..N).map(|i| vec![i as i32; i % 5 + 1]).collect();
+    let shapes: Vec<Vec<usize>> = recs.iter().map(|r| vec![r.len()]).collect();
+    let packed = PackedRagged::from_records(1, recs.iter().zip(&shapes).map(|(r, s)| (&r[..], &s[..]))).unwrap();
+    let mut w = RaggedWriter::create(dir.join("r"), DType::Int32, 1, WriterOptions::default()).unwrap();
+    w.append(&packed.as_input()).unwrap();
+    w.finish().unwrap();
+    (DenseStore::open(dir.join("d")).unwrap(), RaggedStore::open(dir.join("r")).unwrap())
+}
+
+fn streams(d: &DenseStore, r: &RaggedStore, positions: usize) -> Vec<(String, Vec<StreamView>)> {
+    let allocs: Vec<Allocator> = (0..positions).map(|_| Allocator::cpu(8 << 20)).collect();
+    vec![
+        ("x".to_string(), allocs.iter().map(|a| StreamView::Dense(d.bind(a))).collect()),
+        ("tok".to_string(), allocs.iter().map(|a| StreamView::Ragged(r.bind(a))).collect()),
+    ]
+}
+
+fn check_aligned(shards: &[Shard]) {
+    for sh in shards {
+        let Value::Dense(x) = &sh.values[0].1 else { panic!("x is dense") };
+        let Value::Ragged(t) = &sh.values[1].1 else { panic!("tok is ragged") };
+        let xs = x.as_slice::<i64>().unwrap();
+        for (k, &id) in sh.ids.iter().enumerate() {
+            assert_eq!(xs[2 * k], id as i64);
+            assert_eq!(xs[2 * k + 1], 2 * id as i64);
+            let rec = t.record(k).unwrap();
+            assert_eq!(rec.as_slice::<i32>().unwrap(), &vec![id as i32; id as usize % 5 + 1][..]);
+        }
+    }
+}
+
+fn run(workers: usize, steps: usize, start: u64) -> Vec<Vec<u64>> {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    let s = Sampler::new(N as u64, 24, Mode::Cyclic, 9).unwrap();
+    let mut l = Loader::new(streams(&d, &r, 3), s, LoaderOptions { workers, prefetch: 2, ..Default::default() }).unwrap();
+    l.seek(start).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let shards = l.next().unwrap().unwrap();
+        assert_eq!(shards.len(), 3);
+        check_aligned(&shards);
+        out.push(shards.iter().flat_map(|s| s.ids.clone()).collect());
+    }
+    l.close();
+    out
+}
+
+#[test]
+fn order_and_alignment_for_any_worker_count() {
+    let s = Sampler::new(N as u64, 24, Mode::Cyclic, 9).unwrap();
+    let want: Vec<Vec<u64>> = (0..30).map(|k| s.batch(k)).collect();
+    for workers in [0, 1, 4] {
+        assert_eq!(run(workers, 30, 0), want, "workers={workers}");
+    }
+}
+
+#[test]
+fn resume_is_exact() {
+    let full = run(3, 100, 0);
+    let mut split = run(2, 40, 0);
+    split.extend(run(4, 60, 40));
+    assert_eq!(full, split);
+}
+
+#[test]
+fn in_flight_is_bounded_and_close_is_prompt_while_blocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    let s = Sampler::new(N as u64, 8, Mode::Iid, 1).unwrap();
+    let mut l = Loader::new(streams(&d, &r, 1), s, LoaderOptions { workers: 3, prefetch: 2, ..Default::default() }).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(l.in_flight(), 5, "workers + prefetch steps, then everyone blocks");
+    l.next().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(l.in_flight(), 5);
+    l.close(); // joins workers that are blocked on the full window
+    assert!(l.is_closed());
+    assert!(l.next().is_none());
+}
+
+#[test]
+fn ranks_gather_their_slice_of_the_global_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    let s = Sampler::new(N as u64, 12, Mode::Iid, 4).unwrap();
+    let global = s.batch(0);
+    for rank in 0..3 {
+        let opts = LoaderOptions { workers: 0, prefetch: 1, rank, world_size: 3 };
+        let mut l = Loader::new(streams(&d, &r, 2), s.clone(), opts).unwrap();
+        let shards = l.next().unwrap().unwrap();
+        check_aligned(&shards);
+        let ids: Vec<u64> = shards.iter().flat_map(|s| s.ids.clone()).collect();
+        assert_eq!(ids, global[rank * 4..(rank + 1) * 4]);
+        assert_eq!(shards[0].ids.len(), 2);
+    }
+}
+
+#[test]
+fn transform_and_custom_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    let mut k = 0u64;
+    let draw = Box::new(move || {
+        k += 1;
+        Ok(vec![k, k + 1, k + 2, k + 3])
+    });
+    let mut l = Loader::with_draw(streams(&d, &r, 2), draw, 4, LoaderOptions { workers: 2, prefetch: 1, ..Default::default() }, |step, shards| {
+        (step, shards.iter().map(|s| s.ids.len()).sum::<usize>(), shards[1].ids[0])
+    })
+    .unwrap();
+    for step in 0..10u64 {
+        let (s, n, first_of_second) = l.next().unwrap().unwrap();
+        assert_eq!((s, n, first_of_second), (step, 4, step + 3), "draws delivered in order");
+    }
+    assert!(l.seek(3).is_err(), "a custom draw cannot be repositioned");
+}
+
+#[test]
+fn gather_errors_reach_the_consumer_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    // Draws an out-of-range id at step 2.
+    let mut k = 0u64;
+    let draw = Box::new(move || {
+        k += 1;
+        Ok(vec![if k == 3 { 10_000 } else { k }, 0])
+    });
+    let mut l = Loader::with_draw(streams(&d, &r, 1), draw, 2, LoaderOptions { workers: 2, prefetch: 2, ..Default::default() }, |_, s| s).unwrap();
+    assert!(l.next().unwrap().is_ok());
+    assert!(l.next().unwrap().is_ok());
+    let e = l.next().unwrap().unwrap_err();
+    assert!(matches!(e, Error::IndexOutOfRange { .. }), "{e}");
+    assert!(l.next().unwrap().is_ok());
+}
+
+#[test]
+fn argument_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    let s = || Sampler::new(N as u64, 12, Mode::Iid, 0).unwrap();
+    let a = Allocator::default();
+    let bad = |st: Vec<(String, Vec<StreamView>)>, smp: Sampler, o: LoaderOptions| Loader::new(st, smp, o).err().unwrap();
+    assert!(matches!(bad(vec![], s(), LoaderOptions::default()), Error::InvalidArgument { .. }));
+    assert!(matches!(bad(vec![("x".into(), vec![])], s(), LoaderOptions::default()), Error::InvalidArgument { .. }));
+    let two = vec![("x".into(), vec![StreamView::Dense(d.bind(&a)), StreamView::Dense(d.bind(&a))]), ("t".into(), vec![StreamView::Ragged(r.bind(&a))])];
+    assert!(bad(two, s(), LoaderOptions::default()).to_string().contains("one view per position"));
+    // Unequal lengths.
+    let mut w = DenseWriter::create(dir.path().join("short"), DType::Int64, &[2], WriterOptions::default()).unwrap();
+    w.append_slice(&[1i64, 2]).unwrap();
+    w.finish().unwrap();
+    let short = DenseStore::open(dir.path().join("short")).unwrap();
+    let uneq = vec![("x".into(), vec![StreamView::Dense(d.bind(&a))]), ("s".into(), vec![StreamView::Dense(short.bind(&a))])];
+    assert!(bad(uneq, s(), LoaderOptions::default()).to_string().contains("equal lengths"));
+    // Batch not divisible by positions x world size; prefetch 0; rank out of range.
+    let five = Sampler::new(N as u64, 5, Mode::Iid, 0).unwrap();
+    assert!(bad(streams(&d, &r, 2), five, LoaderOptions::default()).to_string().contains("divide evenly"));
+    assert!(bad(streams(&d, &r, 1), s(), LoaderOptions { prefetch: 0, ..Default::default() }).to_string().contains("prefetch"));
+    assert!(bad(streams(&d, &r, 1), s(), LoaderOptions { rank: 2, world_size: 2, ..Default::default() }).to_string().contains("rank"));
+    let big = Sampler::new(N as u64 + 1, 12, Mode::Iid, 0).unwrap();
+    assert!(bad(streams(&d, &r, 1), big, LoaderOptions::default()).to_string().contains("sampler"));
+    let _ = IdSource::Stateless(s());
+}
