@@ -3,6 +3,7 @@
 
 mod errors;
 mod input;
+mod loader;
 mod memory;
 mod store;
 
@@ -24,6 +25,9 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyDenseView>()?;
     m.add_class::<store::PyRaggedView>()?;
     m.add_class::<store::PyRecordIter>()?;
+    m.add_class::<loader::PySampler>()?;
+    m.add_class::<loader::PyMode>()?;
+    m.add_class::<loader::PyLoader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;

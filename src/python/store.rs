@@ -496,6 +496,13 @@ fn gather_dense(py: Python<'_>, view: &DenseView, sel: &Selection<'_>) -> PyResu
     py.detach(|| view.gather_ids(ids)).py_err()
 }
 
+impl PyDenseView {
+    pub(crate) fn view_clone(&self) -> PyResult<DenseView> {
+        self.flag.check()?;
+        Ok(self.view.clone())
+    }
+}
+
 #[pymethods]
 impl PyDenseView {
     fn __len__(&self) -> PyResult<usize> {
@@ -581,6 +588,13 @@ pub struct PyRaggedView {
 fn gather_ragged(py: Python<'_>, view: &RaggedView, sel: &Selection<'_>) -> PyResult<PyRaggedBatch> {
     let ids = sel.ids()?;
     Ok(PyRaggedBatch::owned(py.detach(|| view.gather_ids(ids)).py_err()?))
+}
+
+impl PyRaggedView {
+    pub(crate) fn view_clone(&self) -> PyResult<RaggedView> {
+        self.flag.check()?;
+        Ok(self.view.clone())
+    }
 }
 
 #[pymethods]

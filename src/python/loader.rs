@@ -1,0 +1,306 @@
+//! Sampler and Loader for Python.
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+
+use crate::loader::{IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView, Value};
+use crate::python::errors::{to_py, IntoPy};
+use crate::python::input::Imported;
+use crate::python::memory::{PyDLTensor, PyRaggedBatch};
+use crate::python::store::{PyDenseView, PyRaggedView};
+use crate::dtype::DType;
+
+/// Sampling modes: `Sampler.Mode.SEQUENTIAL`, `.IID`, `.CYCLIC`.
+#[pyclass(name = "SamplerMode", module = "zrecord", eq, eq_int, frozen)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum PyMode {
+    /// In order, wrapping.
+    SEQUENTIAL,
+    /// Uniform with replacement.
+    IID,
+    /// A fresh permutation per cycle, full batches only.
+    CYCLIC,
+}
+
+fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
+    if let Ok(m) = obj.cast::<PyMode>() {
+        return Ok(match *m.get() {
+            PyMode::SEQUENTIAL => Mode::Sequential,
+            PyMode::IID => Mode::Iid,
+            PyMode::CYCLIC => Mode::Cyclic,
+        });
+    }
+    if let Ok(s) = obj.extract::<String>() {
+        return s.parse().py_err();
+    }
+    Err(PyTypeError::new_err("mode must be a Sampler.Mode or one of 'sequential', 'iid', 'cyclic'"))
+}
+
+/// A stateless batch sampler. `next()` returns a borrowed uint64 array that the next draw
+/// overwrites; copy it to keep it.
+#[pyclass(name = "Sampler", module = "zrecord")]
+pub struct PySampler {
+    pub(crate) inner: Sampler,
+    buf: Py<PyAny>,
+    ptr: usize,
+}
+
+#[pymethods]
+impl PySampler {
+    #[classattr]
+    #[allow(non_snake_case)]
+    fn Mode(py: Python<'_>) -> Py<PyType> {
+        py.get_type::<PyMode>().unbind()
+    }
+
+    #[new]
+    #[pyo3(signature = (n, batch_size, mode, seed = 0))]
+    fn new(py: Python<'_>, n: u64, batch_size: usize, mode: &Bound<'_, PyAny>, seed: u64) -> PyResult<Self> {
+        let inner = Sampler::new(n, batch_size, mode_arg(mode)?, seed).py_err()?;
+        let np = py.import("numpy")?;
+        let buf = np.call_method1("zeros", (batch_size, "uint64"))?;
+        let ai = buf.getattr("__array_interface__")?;
+        let (ptr, _ro): (usize, bool) = ai.get_item("data")?.extract()?;
+        Ok(PySampler { inner, buf: buf.unbind(), ptr })
+    }
+
+    /// Draw the next batch into the reusable buffer and return it (borrowed).
+    fn next(&mut self, py: Python<'_>) -> Py<PyAny> {
+        let step = self.inner.step();
+        self.inner.seek(step + 1);
+        // SAFETY: `ptr` addresses the `batch_size` uint64 elements of the NumPy array this
+        // sampler owns (`self.buf` keeps it alive; NumPy arrays with references cannot be
+        // resized). No Rust reference into it exists; Python readers see the new batch, which
+        // is the documented borrowed-buffer contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u64, self.inner.batch_size()) };
+        self.inner.fill(step, out);
+        self.buf.clone_ref(py)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> Py<PyAny> {
+        self.next(py)
+    }
+
+    /// Position at `step` (O(1)).
+    fn seek(&mut self, step: u64) {
+        self.inner.seek(step);
+    }
+
+    /// The batch at `step` as a new array (the sampler does not move).
+    fn batch<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyAny>> {
+        let v = self.inner.batch(step);
+        let np = py.import("numpy")?;
+        np.call_method1("array", (v, "uint64"))
+    }
+
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step()
+    }
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.inner.batch_size()
+    }
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.inner.seed()
+    }
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+    fn __repr__(&self) -> String {
+        format!("Sampler(n={}, batch_size={}, mode={:?}, seed={}, step={})", self.inner.len(), self.inner.batch_size(), self.inner.mode(), self.inner.seed(), self.inner.step())
+    }
+}
+
+type StepResult = PyResult<Py<PyAny>>;
+
+fn shards_to_py(py: Python<'_>, shards: Vec<Shard>) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for s in shards {
+        let d = PyDict::new(py);
+        for (name, v) in s.values {
+            match v {
+                Value::Dense(t) => d.set_item(name, Py::new(py, PyDLTensor::new(t, true))?)?,
+                Value::Ragged(b) => d.set_item(name, Py::new(py, PyRaggedBatch::owned(b))?)?,
+            }
+        }
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+fn ids_from_py(obj: &Bound<'_, PyAny>) -> crate::error::Result<Vec<u64>> {
+    let im = Imported::from_any(obj).map_err(|e| crate::error::Error::invalid("sampler", format!("next() must return a 1-D integer array: {e}")))?;
+    if im.shape.len() != 1 {
+        return Err(crate::error::Error::invalid("sampler", format!("next() returned shape {:?}, expected 1-D", im.shape)));
+    }
+    im.view().check("sampler batch")?;
+    let b = im.bytes();
+    match im.dtype {
+        DType::UInt64 => Ok(b.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).collect()),
+        DType::Int64 => b
+            .chunks_exact(8)
+            .map(|c| {
+                let v = i64::from_ne_bytes(c.try_into().unwrap_or([0; 8]));
+                u64::try_from(v).map_err(|_| crate::error::Error::invalid("sampler", format!("negative id {v}")))
+            })
+            .collect(),
+        other => Err(crate::error::Error::invalid("sampler", format!("next() must return uint64 or int64 ids, got {other}"))),
+    }
+}
+
+/// Endless, deterministic, resumable batches from aligned named streams.
+#[pyclass(name = "Loader", module = "zrecord")]
+pub struct PyLoader {
+    inner: Mutex<Option<Loader<StepResult>>>,
+}
+
+fn stream_views(streams: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<StreamView>)>> {
+    let mut out = Vec::new();
+    for (k, v) in streams.iter() {
+        let name: String = k.extract().map_err(|_| PyTypeError::new_err("stream names must be strings"))?;
+        let mut views = Vec::new();
+        for item in v.try_iter().map_err(|_| PyTypeError::new_err(format!("stream '{name}' must map to a list of views")))? {
+            let item = item?;
+            if let Ok(d) = item.cast::<PyDenseView>() {
+                views.push(StreamView::Dense(d.get().view_clone()?));
+            } else if let Ok(r) = item.cast::<PyRaggedView>() {
+                views.push(StreamView::Ragged(r.get().view_clone()?));
+            } else {
+                return Err(PyTypeError::new_err(format!("stream '{name}' holds a {}, expected DenseView or RaggedView", item.get_type().name()?)));
+            }
+        }
+        out.push((name, views));
+    }
+    Ok(out)
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (streams, sampler, workers = 4, prefetch = 4, transform = None, rank = 0, world_size = 1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        streams: &Bound<'_, PyDict>,
+        sampler: &Bound<'_, PyAny>,
+        workers: usize,
+        prefetch: usize,
+        transform: Option<Py<PyAny>>,
+        rank: usize,
+        world_size: usize,
+    ) -> PyResult<Self> {
+        let views = stream_views(streams)?;
+        let options = LoaderOptions { workers, prefetch, rank, world_size };
+        let make = move |_step: u64, shards: Vec<Shard>| -> StepResult {
+            Python::attach(|py| {
+                let list = shards_to_py(py, shards)?;
+                match &transform {
+                    Some(f) => Ok(f.bind(py).call1((list,))?.unbind()),
+                    None => Ok(list.into_any().unbind()),
+                }
+            })
+        };
+        let loader = if let Ok(s) = sampler.cast::<PySampler>() {
+            let inner = s.borrow().inner.clone();
+            let start = inner.step();
+            let mut l = py.detach(move || Loader::with_transform(views, IdSource::Stateless(inner), options, make)).py_err()?;
+            if start != 0 {
+                py.detach(|| l.seek(start)).py_err()?;
+            }
+            l
+        } else {
+            if !sampler.hasattr("next")? {
+                return Err(PyTypeError::new_err("sampler must be a zrecord.Sampler or an object with next() returning a 1-D uint64/int64 array"));
+            }
+            let first = ids_from_py(&sampler.call_method0("next")?).py_err()?;
+            let batch = first.len();
+            let obj = sampler.clone().unbind();
+            let mut pending = Some(first);
+            let draw = Box::new(move || -> crate::error::Result<Vec<u64>> {
+                if let Some(f) = pending.take() {
+                    return Ok(f);
+                }
+                Python::attach(|py| {
+                    let r = obj.bind(py).call_method0("next").map_err(|e| crate::error::Error::invalid("sampler", format!("next() raised: {e}")))?;
+                    ids_from_py(&r)
+                })
+            });
+            py.detach(|| Loader::with_draw(views, draw, batch, options, make)).py_err()?
+        };
+        Ok(PyLoader { inner: Mutex::new(Some(loader)) })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let r = py.detach(|| {
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            g.as_mut().and_then(|l| l.next_step())
+        });
+        match r {
+            None => Err(PyStopIteration::new_err("loader closed")),
+            Some(Err(e)) => Err(to_py(e)),
+            Some(Ok(res)) => res,
+        }
+    }
+
+    /// `{"step": n}`: the step the next batch belongs to.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let step = py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.state()));
+        let d = PyDict::new(py);
+        d.set_item("step", step.ok_or_else(|| PyValueError::new_err("loader is closed"))?)?;
+        Ok(d)
+    }
+
+    /// Resume from a `state_dict()`: no batch repeated or skipped.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let step: u64 = state.get_item("step")?.ok_or_else(|| PyValueError::new_err("state has no 'step'"))?.extract()?;
+        py.detach(|| match self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(l) => l.seek(step).map_err(to_py),
+            None => Err(PyValueError::new_err("loader is closed")),
+        })
+    }
+
+    /// Stop all worker threads (also those blocked on a full queue). Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let l = py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
+        py.detach(move || drop(l));
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+}
+
+impl Drop for PyLoader {
+    fn drop(&mut self) {
+        // Workers may be waiting for the GIL inside a transform: join them with it released.
+        let l = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if l.is_some() {
+            Python::attach(|py| py.detach(move || drop(l)));
+        }
+    }
+}
