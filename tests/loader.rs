@@ -86,10 +86,18 @@ fn in_flight_is_bounded_and_close_is_prompt_while_blocked() {
     let (d, r) = fixtures(dir.path());
     let s = Sampler::new(N as u64, 8, Mode::Iid, 1).unwrap();
     let mut l = Loader::new(streams(&d, &r, 1), s, LoaderOptions { workers: 3, prefetch: 2, ..Default::default() }).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let fill = |l: &Loader<Vec<Shard>>| {
+        let t = std::time::Instant::now();
+        while l.in_flight() < 5 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    fill(&l);
     assert_eq!(l.in_flight(), 5, "workers + prefetch steps, then everyone blocks");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(l.in_flight(), 5, "never more");
     l.next().unwrap().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    fill(&l);
     assert_eq!(l.in_flight(), 5);
     l.close(); // joins workers that are blocked on the full window
     assert!(l.is_closed());

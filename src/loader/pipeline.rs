@@ -269,6 +269,18 @@ impl<T: Send + 'static> Loader<T> {
                 return Err(Error::invalid("sampler", format!("the sampler draws from {} ids but the streams hold {l} records", s.len())));
             }
         }
+        let mut streams = streams;
+        if options.workers > 0 {
+            // Parallelism comes from the workers (one batch each), not from within a gather.
+            for (_, views) in &mut streams {
+                for v in views.iter_mut() {
+                    match v {
+                        StreamView::Dense(d) => d.set_parallel(false),
+                        StreamView::Ragged(r) => r.set_parallel(false),
+                    }
+                }
+            }
+        }
         let shared = Arc::new(Shared {
             streams,
             global_batch,

@@ -183,7 +183,7 @@ impl DenseStore {
 
     /// A placement view reading into `allocator`.
     pub fn bind(&self, allocator: &Allocator) -> DenseView {
-        DenseView { core: self.core.clone(), allocator: allocator.clone(), verify: true }
+        DenseView { core: self.core.clone(), allocator: allocator.clone(), verify: true, parallel: true }
     }
 }
 
@@ -193,6 +193,7 @@ pub struct DenseView {
     core: Arc<StoreCore>,
     allocator: Allocator,
     verify: bool,
+    parallel: bool,
 }
 
 impl DenseView {
@@ -239,21 +240,27 @@ impl DenseView {
         self.verify = on;
     }
 
+    /// Whether one gather may use the rayon pool (default true). Loaders with their own worker
+    /// threads turn it off: their parallelism is across batches.
+    pub fn set_parallel(&mut self, on: bool) {
+        self.parallel = on;
+    }
+
     /// One record, without the batch axis.
     pub fn get(&self, id: u64) -> Result<Tensor> {
-        let t = gather_dense(&self.core, &self.allocator, Ids::List(&[id]), self.verify)?;
+        let t = gather_dense(&self.core, &self.allocator, Ids::List(&[id]), self.verify, self.parallel)?;
         let shape = self.core.item_shape.clone();
         Ok(t.sub(0, shape))
     }
 
     /// Records `ids` in that order (duplicates kept), stacked: `[ids.len(), *item_shape]`.
     pub fn gather(&self, ids: &[u64]) -> Result<Tensor> {
-        gather_dense(&self.core, &self.allocator, Ids::List(ids), self.verify)
+        gather_dense(&self.core, &self.allocator, Ids::List(ids), self.verify, self.parallel)
     }
 
     /// Gather by an [`Ids`] description (list or strided range).
     pub fn gather_ids(&self, ids: Ids<'_>) -> Result<Tensor> {
-        gather_dense(&self.core, &self.allocator, ids, self.verify)
+        gather_dense(&self.core, &self.allocator, ids, self.verify, self.parallel)
     }
 
     /// Records `range.start..range.end`.

@@ -102,7 +102,7 @@ fn run_parallel<T: Send>(mut tasks: Vec<T>, f: impl Fn(T) -> Result<()> + Sync) 
 }
 
 /// Dense gather into one tensor `[len, *item_shape]`.
-pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<Tensor> {
+pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool, parallel: bool) -> Result<Tensor> {
     let verify = if verify { Check::FirstRead } else { Check::Off };
     ids.validate(core.len, &core.path)?;
     let rb = core.record_bytes;
@@ -129,7 +129,7 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
             }
             Ok(())
         };
-        if total < PARALLEL_MIN_BYTES || b == 1 {
+        if !parallel || total < PARALLEL_MIN_BYTES || b == 1 {
             run(0, out)?;
         } else {
             let per_task = (TASK_BYTES / rb).clamp(1, b.div_ceil(rayon::current_num_threads()).max(1));
@@ -154,7 +154,7 @@ fn write_ne<const N: usize>(dst: &mut [MaybeUninit<u8>], bytes: [u8; N]) {
 }
 
 /// Ragged gather into one packed batch (values, cu_seqlens, shapes in one allocation).
-pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool) -> Result<RaggedBatch> {
+pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool, parallel: bool) -> Result<RaggedBatch> {
     let verify = if verify { Check::FirstRead } else { Check::Off };
     ids.validate(core.len, &core.path)?;
     let b = ids.len();
@@ -209,7 +209,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             }
             Ok(())
         };
-        if values_bytes < PARALLEL_MIN_BYTES {
+        if !parallel || values_bytes < PARALLEL_MIN_BYTES {
             decode_run(0, b, values)?;
         } else {
             let target = (values_bytes / (rayon::current_num_threads() * 4)).clamp(16 << 10, TASK_BYTES);

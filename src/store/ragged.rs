@@ -172,7 +172,7 @@ impl RaggedStore {
 
     /// A placement view reading into `allocator`.
     pub fn bind(&self, allocator: &Allocator) -> RaggedView {
-        RaggedView { core: self.core.clone(), allocator: allocator.clone(), verify: true }
+        RaggedView { core: self.core.clone(), allocator: allocator.clone(), verify: true, parallel: true }
     }
 }
 
@@ -182,6 +182,7 @@ pub struct RaggedView {
     core: Arc<StoreCore>,
     allocator: Allocator,
     verify: bool,
+    parallel: bool,
 }
 
 impl RaggedView {
@@ -226,6 +227,12 @@ impl RaggedView {
         self.verify = on;
     }
 
+    /// Whether one gather may use the rayon pool (default true). Loaders with their own worker
+    /// threads turn it off: their parallelism is across batches.
+    pub fn set_parallel(&mut self, on: bool) {
+        self.parallel = on;
+    }
+
     /// One record as a one-record batch.
     pub fn get(&self, id: u64) -> Result<RaggedBatch> {
         self.gather(&[id])
@@ -233,12 +240,12 @@ impl RaggedView {
 
     /// Records `ids` in order (duplicates kept), packed.
     pub fn gather(&self, ids: &[u64]) -> Result<RaggedBatch> {
-        gather_ragged(&self.core, &self.allocator, Ids::List(ids), self.verify)
+        gather_ragged(&self.core, &self.allocator, Ids::List(ids), self.verify, self.parallel)
     }
 
     /// Gather by an [`Ids`] description.
     pub fn gather_ids(&self, ids: Ids<'_>) -> Result<RaggedBatch> {
-        gather_ragged(&self.core, &self.allocator, ids, self.verify)
+        gather_ragged(&self.core, &self.allocator, ids, self.verify, self.parallel)
     }
 
     /// Records `range.start..range.end`.

@@ -1,0 +1,45 @@
+"""Peak PSS of a process tree, sampled in a background thread (no zrecord import, so the
+loaderx interpreter can use it too)."""
+
+import os
+import threading
+import time
+
+
+def pss_tree(pid):
+    total = 0
+    pids = [pid]
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                pids += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+class PeakPss:
+    def __init__(self, pid):
+        self.pid, self.peak, self.stop = pid, 0, False
+        self.t = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop:
+            self.peak = max(self.peak, pss_tree(self.pid))
+            time.sleep(0.01)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop = True
+        self.t.join()
