@@ -63,7 +63,7 @@ impl Permutation {
         let bits = 64 - (n.max(2) - 1).leading_zeros(); // ceil(log2 n), at least 1
         let mut keys = [0u64; FEISTEL_ROUNDS];
         for (i, k) in keys.iter_mut().enumerate() {
-            *k = hash3(key, 0xFE15_7E1, i as u64);
+            *k = hash3(key, 0x0FE1_57E1, i as u64);
         }
         Permutation { n, half_bits: bits.div_ceil(2), keys }
     }

@@ -85,11 +85,14 @@ pub(crate) enum Check {
 /// repeated epochs read at unchecked speed while every record is still checked once. Memory
 /// grows with the records read (one bit each, in 8 KiB pages), never at open.
 pub(crate) struct VerifiedSet {
-    pages: OnceLock<Box<[OnceLock<Box<[AtomicU64]>>]>>,
+    pages: OnceLock<Box<[OnceLock<BitPage>]>>,
     len: u64,
 }
 
 const VERIFIED_PAGE_RECORDS: u64 = 1 << 16;
+
+/// One bit per record of a page.
+type BitPage = Box<[AtomicU64]>;
 
 impl VerifiedSet {
     fn new(len: u64) -> Self {
