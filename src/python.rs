@@ -28,6 +28,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PySampler>()?;
     m.add_class::<loader::PyMode>()?;
     m.add_class::<loader::PyLoader>()?;
+    m.add_class::<loader::PyArrowLoader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;

@@ -186,3 +186,34 @@ fn argument_errors() {
     assert!(bad(streams(&d, &r, 1), big, LoaderOptions::default()).to_string().contains("sampler"));
     let _ = IdSource::Stateless(s());
 }
+
+#[test]
+fn arrow_record_batch_reader() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int64Type, UInt64Type};
+    use arrow_array::RecordBatchReader;
+    let dir = tempfile::tempdir().unwrap();
+    let (d, r) = fixtures(dir.path());
+    let s = Sampler::new(N as u64, 8, Mode::Cyclic, 2).unwrap();
+    let want: Vec<Vec<u64>> = (0..3).map(|k| s.batch(k)).collect();
+    let reader = zrecord::loader::LoaderBatchReader::new(streams(&d, &r, 2), s, LoaderOptions { workers: 2, ..Default::default() }, Some(3)).unwrap();
+    let schema = reader.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["_step", "_id", "x", "tok"]);
+    assert_eq!(schema.field(2).metadata()["ARROW:extension:name"], "arrow.fixed_shape_tensor");
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 6, "3 steps x 2 positions");
+    for (k, b) in batches.iter().enumerate() {
+        let step = k / 2;
+        let pos = k % 2;
+        assert!(b.column(0).as_primitive::<UInt64Type>().values().iter().all(|&s| s == step as u64));
+        let ids = b.column(1).as_primitive::<UInt64Type>().values().to_vec();
+        assert_eq!(ids, want[step][pos * 4..(pos + 1) * 4]);
+        let x = b.column(2).as_fixed_size_list();
+        for (row, &id) in ids.iter().enumerate() {
+            assert_eq!(x.value(row).as_primitive::<Int64Type>().values().to_vec(), vec![id as i64, 2 * id as i64]);
+        }
+        let tok = b.column(3).as_list::<i32>();
+        assert_eq!(tok.value(0).len(), ids[0] as usize % 5 + 1);
+    }
+}

@@ -12,6 +12,7 @@ from . import dtypes
 from ._zrecord import (
     Allocator,
     ArrowBatch,
+    ArrowLoader,
     CorruptStoreError,
     DenseStore,
     DenseView,
@@ -31,6 +32,7 @@ from ._zrecord import open as _open
 __all__ = [
     "Allocator",
     "ArrowBatch",
+    "ArrowLoader",
     "CorruptStoreError",
     "DLTensor",
     "DenseStore",

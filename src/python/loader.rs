@@ -304,3 +304,62 @@ impl Drop for PyLoader {
         }
     }
 }
+
+/// Record batches of a LoaderBatchReader as struct arrays, for the Arrow C stream interface.
+struct StructReader {
+    inner: crate::loader::LoaderBatchReader,
+    field: arrow_schema::FieldRef,
+}
+
+impl Iterator for StructReader {
+    type Item = Result<arrow_array::ArrayRef, arrow_schema::ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next().map(|r| r.map(|b| std::sync::Arc::new(arrow_array::StructArray::from(b)) as arrow_array::ArrayRef))
+    }
+}
+
+impl pyo3_arrow::ffi::ArrayReader for StructReader {
+    fn field(&self) -> arrow_schema::FieldRef {
+        self.field.clone()
+    }
+}
+
+/// The loader's steps as an Arrow stream (`__arrow_c_stream__`): one record batch per step and
+/// view position with columns `_step`, `_id` and one per stream. Consumable once;
+/// `pyarrow.RecordBatchReader.from_stream(obj)` or `pyarrow.table(obj)` (with `steps`) read it.
+#[pyclass(name = "ArrowLoader", module = "zrecord")]
+pub struct PyArrowLoader {
+    reader: Mutex<Option<crate::loader::LoaderBatchReader>>,
+}
+
+#[pymethods]
+impl PyArrowLoader {
+    #[new]
+    #[pyo3(signature = (streams, sampler, steps = None, workers = 4, prefetch = 4, rank = 0, world_size = 1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        streams: &Bound<'_, PyDict>,
+        sampler: &Bound<'_, PySampler>,
+        steps: Option<u64>,
+        workers: usize,
+        prefetch: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> PyResult<Self> {
+        let views = stream_views(streams)?;
+        let s = sampler.borrow().inner.clone();
+        let options = LoaderOptions { workers, prefetch, rank, world_size };
+        let r = py.detach(move || crate::loader::LoaderBatchReader::new(views, s, options, steps)).py_err()?;
+        Ok(PyArrowLoader { reader: Mutex::new(Some(r)) })
+    }
+
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(&self, py: Python<'py>, requested_schema: Option<Bound<'py, pyo3::types::PyCapsule>>) -> PyResult<Bound<'py, pyo3::types::PyCapsule>> {
+        use arrow_array::RecordBatchReader;
+        let reader = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take().ok_or_else(|| PyValueError::new_err("this Arrow stream was already consumed"))?;
+        let schema = reader.schema();
+        let field = std::sync::Arc::new(arrow_schema::Field::new_struct("", schema.fields().clone(), false));
+        Ok(pyo3_arrow::ffi::to_stream_pycapsule(py, Box::new(StructReader { inner: reader, field }), requested_schema)?)
+    }
+}

@@ -169,3 +169,23 @@ def test_rank_slices(streams):
         with Loader(streams, Sampler(N, 12, "iid", seed=2), workers=0, rank=rank, world_size=3) as loader:
             parts += ids_of(next(loader))
     assert parts == glob
+
+
+def test_arrow_stream(streams):
+    pa = pytest.importorskip("pyarrow")
+    want = Sampler(N, 12, "cyclic", seed=4)
+    src = zrecord.ArrowLoader(streams, Sampler(N, 12, "cyclic", seed=4), steps=3, workers=2)
+    table = pa.table(src)
+    assert table.column_names == ["_step", "_id", "x", "tok"]
+    assert table.num_rows == 36
+    assert table.column("_id").to_pylist() == np.concatenate([want.batch(s) for s in range(3)]).tolist()
+    assert table.column("_step").to_pylist() == [s for s in range(3) for _ in range(12)]
+    ids = np.array(table.column("_id").to_pylist())
+    x = table.column("x").combine_chunks().to_numpy_ndarray()
+    np.testing.assert_array_equal(x[:, 0], ids)
+    assert table.column("tok").to_pylist()[0] == [int(ids[0])] * (int(ids[0]) % 4 + 1)
+    with pytest.raises(ValueError, match="consumed"):
+        pa.table(src)
+    pl = pytest.importorskip("polars")
+    df = pl.from_arrow(pa.table(zrecord.ArrowLoader(streams, Sampler(N, 12, "iid"), steps=2)))
+    assert df.height == 24
