@@ -59,22 +59,29 @@ def run_zrecord(path, n, batches, workers):
     return batches * BATCH / dt, mem.peak
 
 
-def run_torch(w, root, batches):
+def prepare_torch(w, root):
+    if isinstance(w, compare.Dense):
+        np.save(os.path.join(root, "torch.npy"), w.data)
+    else:
+        np.save(os.path.join(root, "tv.npy"), w.values)
+        np.save(os.path.join(root, "tc.npy"), w.cu)
+
+
+def run_torch(kind, root, n, batches):
     try:
         import torch
         from torch.utils.data import DataLoader, Dataset
     except ImportError:
         return None
-    if isinstance(w, compare.Dense):
+    if kind == "dense":
         p = os.path.join(root, "torch.npy")
-        np.save(p, w.data)
 
         class D(Dataset):
             def __init__(self):
                 self.mm = None
 
             def __len__(self):
-                return w.n
+                return n
 
             def __getitem__(self, i):
                 if self.mm is None:
@@ -84,15 +91,13 @@ def run_torch(w, root, batches):
         collate = None
     else:
         vp, cp = os.path.join(root, "tv.npy"), os.path.join(root, "tc.npy")
-        np.save(vp, w.values)
-        np.save(cp, w.cu)
 
         class D(Dataset):
             def __init__(self):
                 self.v = self.c = None
 
             def __len__(self):
-                return w.n
+                return n
 
             def __getitem__(self, i):
                 if self.v is None:
@@ -103,7 +108,7 @@ def run_torch(w, root, batches):
             lens = torch.tensor([len(x) for x in items])
             return torch.cat(items), torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
 
-    sampler = torch.utils.data.RandomSampler(range(w.n), replacement=True, num_samples=(batches + 20) * BATCH)
+    sampler = torch.utils.data.RandomSampler(range(n), replacement=True, num_samples=(batches + 20) * BATCH)
     dl = DataLoader(D(), batch_size=BATCH, sampler=sampler, num_workers=2, collate_fn=collate)
     it = iter(dl)
     for _ in range(10):
@@ -169,10 +174,30 @@ def run_loaderx(w, root, batches):
     return tuple(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
+def fresh(what, path, n, batches, extra, torch_python=None):
+    """Run one backend in a fresh interpreter; returns (records/s, peak PSS) or None."""
+    py = torch_python if (what == "torch" and torch_python) else sys.executable
+    r = subprocess.run([py, os.path.abspath(__file__), "--run", what, path, str(n), str(batches), str(extra)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"{what} run failed: {r.stderr[-800:]}", file=sys.stderr)
+        return None
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return None if out is None else tuple(out)
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--run":
+        what, path, n, batches, extra = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        if what == "zrecord":
+            print(json.dumps(run_zrecord(path, n, batches, int(extra))))
+        else:
+            print(json.dumps(run_torch(extra, path, n, batches)))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--torch-python", default=None, help="interpreter with torch (and zrecord) installed")
     args = ap.parse_args()
     k = lambda n: max(BATCH, int(n * args.scale))  # noqa: E731
     rows = []
@@ -185,8 +210,11 @@ def main():
             else:
                 with zrecord.RaggedWriter(p, w.values.dtype, 1, "raw") as wr:
                     wr.append(zrecord.RaggedBatch(w.values, w.cu, np.diff(w.cu).astype(np.uint64).reshape(-1, 1)))
-            res = {f"zrecord (workers={wk})": run_zrecord(p, w.n, args.batches, wk) for wk in (0, 2, 4)}
-            res["torch DataLoader (2 workers)"] = run_torch(w, root, args.batches)
+            # Every backend runs in a fresh process, so peak PSS counts only what it holds.
+            res = {f"zrecord (workers={wk})": fresh("zrecord", p, w.n, args.batches, wk, args.torch_python) for wk in (0, 2, 4)}
+            prepare_torch(w, root)
+            kind = "dense" if isinstance(w, compare.Dense) else "ragged"
+            res["torch DataLoader (2 workers)"] = fresh("torch", root, w.n, args.batches, kind, args.torch_python)
             res["loaderx Loader"] = run_loaderx(w, root, args.batches)
             for name, r in res.items():
                 if r is not None:
