@@ -28,6 +28,54 @@ fn closed_writer() -> PyErr {
     PyValueError::new_err("writer is closed")
 }
 
+/// The methods both writer classes share: close (publish), abort, len, path, context manager.
+macro_rules! writer_class {
+    ($ty:ident, { $($extra:tt)* }) => {
+        #[pymethods]
+        impl $ty {
+            $($extra)*
+
+            /// Publish the store (idempotent).
+            fn close(&self, py: Python<'_>) -> PyResult<()> {
+                py.detach(|| {
+                    let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    match w {
+                        Some(w) => w.finish().map(|_| ()).map_err(to_py),
+                        None => Ok(()),
+                    }
+                })
+            }
+
+            /// Discard everything written; nothing is published.
+            fn abort(&self) {
+                drop(self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
+            }
+
+            fn __len__(&self) -> usize {
+                self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|w| w.len() as usize).unwrap_or(0)
+            }
+
+            #[getter]
+            fn path(&self) -> PathBuf {
+                self.path.clone()
+            }
+
+            fn __enter__(slf: Py<Self>) -> Py<Self> {
+                slf
+            }
+
+            #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
+            fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
+                match exc_type {
+                    Some(t) if !t.is_none() => self.abort(),
+                    _ => self.close(py)?,
+                }
+                Ok(false)
+            }
+        }
+    };
+}
+
 /// Writes a dense store; `close()` (or leaving the `with` block) publishes it.
 #[pyclass(name = "DenseWriter", module = "zrecord", frozen)]
 pub struct PyDenseWriter {
@@ -35,8 +83,7 @@ pub struct PyDenseWriter {
     path: PathBuf,
 }
 
-#[pymethods]
-impl PyDenseWriter {
+writer_class!(PyDenseWriter, {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, dtype, item_shape, codec, dict_bytes = None, data_shards = 4, level = 3))]
@@ -69,44 +116,7 @@ impl PyDenseWriter {
         })
     }
 
-    /// Publish the store (idempotent).
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
-            let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-            match w {
-                Some(w) => w.finish().map(|_| ()).map_err(to_py),
-                None => Ok(()),
-            }
-        })
-    }
-
-    /// Discard everything written; nothing is published.
-    fn abort(&self) {
-        drop(self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
-    }
-
-    fn __len__(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|w| w.len() as usize).unwrap_or(0)
-    }
-
-    #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
-    fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
-        match exc_type {
-            Some(t) if !t.is_none() => self.abort(),
-            _ => self.close(py)?,
-        }
-        Ok(false)
-    }
-}
+});
 
 /// Writes a ragged store from packed `RaggedBatch`es.
 #[pyclass(name = "RaggedWriter", module = "zrecord", frozen)]
@@ -115,8 +125,7 @@ pub struct PyRaggedWriter {
     path: PathBuf,
 }
 
-#[pymethods]
-impl PyRaggedWriter {
+writer_class!(PyRaggedWriter, {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, dtype, ndim, codec, dict_bytes = None, data_shards = 4, level = 3))]
@@ -151,42 +160,7 @@ impl PyRaggedWriter {
         })
     }
 
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
-            let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-            match w {
-                Some(w) => w.finish().map(|_| ()).map_err(to_py),
-                None => Ok(()),
-            }
-        })
-    }
-
-    fn abort(&self) {
-        drop(self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
-    }
-
-    fn __len__(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|w| w.len() as usize).unwrap_or(0)
-    }
-
-    #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
-    fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
-        match exc_type {
-            Some(t) if !t.is_none() => self.abort(),
-            _ => self.close(py)?,
-        }
-        Ok(false)
-    }
-}
+});
 
 fn stats_dict<'py>(py: Python<'py>, s: StoreStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
