@@ -19,11 +19,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 import zrecord
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import measure  # noqa: E402
 
 BATCH = 256
 
@@ -67,18 +69,6 @@ def ragged_tokens(n, seed=9):
 
 
 # --------------------------------------------------------------------------- harness
-def measure(fn, batches, seconds):
-    fn(batches[0])  # warm
-    t0 = time.perf_counter()
-    k = 0
-    while True:
-        fn(batches[k % len(batches)])
-        k += 1
-        if k % 8 == 0 and time.perf_counter() - t0 >= seconds:
-            break
-    return (time.perf_counter() - t0) / k
-
-
 class Dense:
     def __init__(self, name, data):
         self.name, self.data = name, data

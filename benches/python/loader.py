@@ -24,7 +24,7 @@ import zrecord
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402  (workload generators)
-from _mem import PeakPss  # noqa: E402
+from _harness import PeakPss  # noqa: E402
 
 BATCH = 256
 
@@ -129,7 +129,7 @@ from loaderx import Allocator, Loader
 from loaderx.zrecord import DenseStore, DenseWriter, RaggedStore, RaggedWriter, RaggedBatch
 from loaderx.sampler import Sampler
 sys.path.insert(0, sys.argv[4])
-from _mem import PeakPss
+from _harness import PeakPss
 data, root, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
 z = np.load(data)
 p = os.path.join(root, "lx-store")

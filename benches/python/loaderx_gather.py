@@ -7,10 +7,10 @@ Prints one JSON line {"loaderx <codec>": [class, seconds_per_batch], ...}.
 import json
 import os
 import sys
-import time
 
 import numpy as np
 from loaderx import Allocator
+from _harness import measure  # same directory: on sys.path when run as a script
 from loaderx.zrecord import DenseStore, DenseWriter, RaggedBatch, RaggedStore, RaggedWriter, train_dict
 
 
@@ -60,15 +60,7 @@ def main():
                 fn = lambda ids, v=view: np.from_dlpack(v[ids].values)  # noqa: E731
                 want = np.concatenate([values[cu[i]:cu[i + 1]] for i in batches[0]])
                 np.testing.assert_array_equal(fn(batches[0]), want)
-            fn(batches[0])
-            t0 = time.perf_counter()
-            k = 0
-            while True:
-                fn(batches[k % len(batches)])
-                k += 1
-                if k % 8 == 0 and time.perf_counter() - t0 >= seconds:
-                    break
-            out[f"loaderx {codec}"] = ["raw" if codec == "raw" else "compressed", (time.perf_counter() - t0) / k]
+            out[f"loaderx {codec}"] = ["raw" if codec == "raw" else "compressed", measure(fn, batches, seconds)]
             store.close()
     print(json.dumps(out))
 

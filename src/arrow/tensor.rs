@@ -171,7 +171,7 @@ mod tests {
             let t = {
                 let src = Tensor::from_slice(&a, &bytes, &[bytes.len()]).unwrap();
                 // Reinterpret the bytes as dtype `d`, shape [3, 2].
-                src.sub_dtype_for_test(d, vec![3, 2])
+                src.reinterpret(d, vec![3, 2]).unwrap()
             };
             let (f, arr) = dense_to_arrow("x", &t).unwrap();
             assert_eq!(arr.len(), 3, "{d}");

@@ -73,6 +73,12 @@ pub enum IdSource {
     Draw(Box<dyn FnMut() -> Result<Vec<u64>> + Send>),
 }
 
+/// The id source as the workers share it: only a stateful draw needs a lock.
+enum Ids {
+    Stateless(Sampler),
+    Draw(Mutex<Box<dyn FnMut() -> Result<Vec<u64>> + Send>>),
+}
+
 /// Loader options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoaderOptions {
@@ -106,7 +112,7 @@ struct Shared<T> {
     global_batch: usize,
     options: LoaderOptions,
     transform: Box<Transform<T>>,
-    ids: Mutex<IdSource>,
+    ids: Ids,
     state: Mutex<State<T>>,
     cv: Condvar,
 }
@@ -116,13 +122,12 @@ impl<T> Shared<T> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The global batch of `step`. Stateless samplers compute it; a draw source is called with
-    /// its lock held, which callers take in step order.
+    /// The global batch of `step`. Stateless samplers compute it without locking; a draw source
+    /// is called under its lock, which callers take in step order.
     fn draw(&self, step: u64) -> Result<Vec<u64>> {
-        let mut src = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        let ids = match &mut *src {
-            IdSource::Stateless(s) => s.batch(step),
-            IdSource::Draw(f) => f()?,
+        let ids = match &self.ids {
+            Ids::Stateless(s) => s.batch(step),
+            Ids::Draw(f) => (f.lock().unwrap_or_else(|p| p.into_inner()))()?,
         };
         if ids.len() != self.global_batch {
             return Err(Error::invalid("sampler", format!("drew {} ids, the loader was built for batches of {}", ids.len(), self.global_batch)));
@@ -131,7 +136,7 @@ impl<T> Shared<T> {
     }
 
     fn stateless(&self) -> bool {
-        matches!(&*self.ids.lock().unwrap_or_else(|p| p.into_inner()), IdSource::Stateless(_))
+        matches!(self.ids, Ids::Stateless(_))
     }
 
     /// Gather this rank's shards of `step` from its global batch.
@@ -286,7 +291,10 @@ impl<T: Send + 'static> Loader<T> {
             global_batch,
             options,
             transform,
-            ids: Mutex::new(ids),
+            ids: match ids {
+                IdSource::Stateless(s) => Ids::Stateless(s),
+                IdSource::Draw(f) => Ids::Draw(Mutex::new(f)),
+            },
             state: Mutex::new(State { next_claim: 0, next_deliver: 0, ready: BTreeMap::new(), closed: false }),
             cv: Condvar::new(),
         });

@@ -212,18 +212,14 @@ pub struct RaggedBatch {
 }
 
 impl RaggedBatch {
-    /// Pack typed records (each with its shape) into a batch in a fresh allocation.
+    /// Pack typed records (each with its shape) into a batch in one fresh allocation.
     pub fn from_records<T: Element>(
         allocator: &Allocator,
         ndim: usize,
         records: &[(&[T], &[usize])],
     ) -> Result<RaggedBatch> {
-        let packed = PackedRagged::from_records(ndim, records.iter().map(|(d, s)| (*d, *s)))?;
-        let total = packed.values.len();
-        let values = Tensor::from_slice(allocator, &packed.values, &[total])?;
-        let cu = Tensor::from_slice(allocator, &packed.cu_seqlens, &[packed.cu_seqlens.len()])?;
-        let shapes = Tensor::from_slice(allocator, &packed.shapes, &[records.len(), ndim])?;
-        Ok(RaggedBatch { values, cu_seqlens: cu, shapes })
+        let views: Vec<TensorView<'_>> = records.iter().map(|(d, shape)| TensorView::from_slice(d, shape)).collect();
+        RaggedBatch::pack(allocator, T::DTYPE, ndim, views.iter())
     }
 
     /// Copy a validated packed input into one fresh allocation.
@@ -587,15 +583,6 @@ impl<T: Element> PackedRagged<T> {
     }
 }
 
-
-#[cfg(test)]
-impl Tensor {
-    /// Test helper: the same bytes viewed as another dtype and shape of equal byte size.
-    pub(crate) fn sub_dtype_for_test(&self, dtype: DType, shape: Vec<usize>) -> Tensor {
-        assert_eq!(numel(&shape).unwrap() * dtype.size(), self.nbytes());
-        Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape }
-    }
-}
 
 #[cfg(test)]
 mod tests {

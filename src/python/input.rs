@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyString, PyTuple};
 
 use crate::dtype::DType;
-use crate::memory::dlpack::{DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
+use crate::memory::dlpack::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use crate::memory::{Tensor, TensorView};
 use crate::python::errors::IntoPy;
 use crate::python::memory::PyDLTensor;
@@ -42,7 +42,7 @@ enum Owner<'py> {
 
 impl Drop for Imported<'_> {
     fn drop(&mut self) {
-        if let Owner::Capsule { capsule, versioned, managed } = &self.owner {
+        if let Owner::Capsule { versioned, managed, .. } = &self.owner {
             // SAFETY: we consumed the capsule (renamed it to "used_..." so its own destructor
             // will not free it) and now own the managed tensor: its deleter is called exactly
             // once, here, with the GIL held (we hold a `Bound`).
@@ -59,7 +59,6 @@ impl Drop for Imported<'_> {
                     }
                 }
             }
-            let _ = capsule;
         }
     }
 }
@@ -154,27 +153,27 @@ impl<'py> Imported<'py> {
             return Err(PyErr::fetch(capsule.py()));
         }
         // SAFETY: per the DLPack protocol the capsule holds a live managed tensor of the kind
-        // its name says; we read the embedded DLTensor.
-        let (dl, read_only): (&DLTensor, bool) = unsafe {
+        // its name says; we read the embedded DLTensor (appends only read, so the read-only
+        // flag of a versioned tensor needs no check).
+        let dl: &DLTensor = unsafe {
             if versioned {
                 let m = &*(managed as *const DLManagedTensorVersioned);
                 if m.version.major != 1 {
                     return Err(PyBufferError::new_err(format!("unsupported DLPack major version {}", m.version.major)));
                 }
-                (&m.dl_tensor, m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0)
+                &m.dl_tensor
             } else {
-                (&(*(managed as *const DLManagedTensor)).dl_tensor, false)
+                &(*(managed as *const DLManagedTensor)).dl_tensor
             }
         };
-        let _ = read_only; // appends only read
         // Consume the capsule: rename it so its destructor leaves the tensor to us.
         let used = if versioned { USED_VERSIONED } else { USED_LEGACY };
         // SAFETY: renaming a valid capsule to a static name.
         unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) };
         let owner = Owner::Capsule { capsule, versioned, managed };
         if dl.device.device_type != 1 && dl.device.device_type != 3 {
-            let out = Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], strides: None, owner };
-            drop(out);
+            // Dropping an empty import releases the producer's tensor.
+            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], strides: None, owner });
             return Err(PyValueError::new_err(format!("DLPack device type {} is not supported: use CPU memory", dl.device.device_type)));
         }
         let dtype = DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes).py_err()?;

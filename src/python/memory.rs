@@ -273,6 +273,18 @@ impl PyRaggedBatch {
         }
     }
 
+    /// Field 0 (values), 1 (cu_seqlens) or 2 (shapes): a DLTensor view of an owned batch, or
+    /// the producer's own object for a batch built from foreign fields.
+    fn part(&self, py: Python<'_>, which: usize) -> PyResult<Py<PyAny>> {
+        match &self.repr {
+            RaggedRepr::Owned(b) => {
+                let t = [b.values(), b.cu_seqlens(), b.shapes()][which].clone();
+                Ok(Py::new(py, PyDLTensor::new(t, false))?.into_any())
+            }
+            RaggedRepr::Foreign { values, cu_seqlens, shapes } => Ok([values, cu_seqlens, shapes][which].clone_ref(py)),
+        }
+    }
+
     /// The batch as an owned (pooled) RaggedBatch, packing foreign fields once if needed.
     pub(crate) fn to_owned_batch(&self, py: Python<'_>) -> PyResult<RaggedBatch> {
         match &self.repr {
@@ -320,42 +332,44 @@ impl PyRaggedBatch {
     }
 
     #[getter]
-    fn values(&self, py: Python<'_>) -> Py<PyAny> {
-        match &self.repr {
-            RaggedRepr::Owned(b) => Py::new(py, PyDLTensor::new(b.values().clone(), false)).map(|x| x.into_any()).unwrap_or_else(|_| py.None()),
-            RaggedRepr::Foreign { values, .. } => values.clone_ref(py),
-        }
+    fn values(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.part(py, 0)
     }
 
     #[getter]
-    fn cu_seqlens(&self, py: Python<'_>) -> Py<PyAny> {
-        match &self.repr {
-            RaggedRepr::Owned(b) => Py::new(py, PyDLTensor::new(b.cu_seqlens().clone(), false)).map(|x| x.into_any()).unwrap_or_else(|_| py.None()),
-            RaggedRepr::Foreign { cu_seqlens, .. } => cu_seqlens.clone_ref(py),
-        }
+    fn cu_seqlens(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.part(py, 1)
     }
 
     #[getter]
-    fn shapes(&self, py: Python<'_>) -> Py<PyAny> {
-        match &self.repr {
-            RaggedRepr::Owned(b) => Py::new(py, PyDLTensor::new(b.shapes().clone(), false)).map(|x| x.into_any()).unwrap_or_else(|_| py.None()),
-            RaggedRepr::Foreign { shapes, .. } => shapes.clone_ref(py),
-        }
+    fn shapes(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.part(py, 2)
     }
 
     #[getter]
     fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let b = self.to_owned_batch(py)?;
-        py_dtype(py, b.dtype())
+        let d = match &self.repr {
+            RaggedRepr::Owned(b) => b.dtype(),
+            RaggedRepr::Foreign { values, .. } => Imported::from_any(values.bind(py))?.dtype,
+        };
+        py_dtype(py, d)
     }
 
     #[getter]
     fn ndim(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.to_owned_batch(py)?.ndim())
+        match &self.repr {
+            RaggedRepr::Owned(b) => Ok(b.ndim()),
+            RaggedRepr::Foreign { shapes, .. } => Ok(Imported::from_any(shapes.bind(py))?.shape.get(1).copied().unwrap_or(0)),
+        }
     }
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.to_owned_batch(py)?.len())
+        match &self.repr {
+            RaggedRepr::Owned(b) => Ok(b.len()),
+            RaggedRepr::Foreign { cu_seqlens, .. } => {
+                Ok(Imported::from_any(cu_seqlens.bind(py))?.shape.first().copied().unwrap_or(0).saturating_sub(1))
+            }
+        }
     }
 
     /// Per-record, shape-restored DLTensor views (no copy).

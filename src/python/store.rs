@@ -195,10 +195,29 @@ impl OpenFlag {
 }
 
 macro_rules! store_class {
-    ($ty:ident, { $($extra:tt)* }) => {
+    ($ty:ident, $store:ident, { $($extra:tt)* }) => {
+        impl $ty {
+            fn store(&self) -> PyResult<$store> {
+                self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| PyValueError::new_err("store is closed"))
+            }
+            fn wrap(s: $store) -> Self {
+                $ty { inner: Mutex::new(Some(s)), flag: OpenFlag::new() }
+            }
+        }
+
         #[pymethods]
         impl $ty {
             $($extra)*
+            #[new]
+            fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+                Ok(Self::wrap(py.detach(move || $store::open(&path)).py_err()?))
+            }
+            fn __repr__(&self) -> String {
+                match self.store() {
+                    Ok(s) => format!("{s:?}"),
+                    Err(_) => concat!(stringify!($store), "(<closed>)").into(),
+                }
+            }
 
             fn __len__(&self) -> PyResult<usize> {
                 Ok(self.store()?.len() as usize)
@@ -256,20 +275,7 @@ pub struct PyDenseStore {
     flag: OpenFlag,
 }
 
-impl PyDenseStore {
-    fn store(&self) -> PyResult<DenseStore> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| PyValueError::new_err("store is closed"))
-    }
-    fn wrap(s: DenseStore) -> Self {
-        PyDenseStore { inner: Mutex::new(Some(s)), flag: OpenFlag::new() }
-    }
-}
-
-store_class!(PyDenseStore, {
-    #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        Ok(Self::wrap(py.detach(move || DenseStore::open(&path)).py_err()?))
-    }
+store_class!(PyDenseStore, DenseStore, {
     #[getter]
     fn item_shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.store()?.item_shape())
@@ -286,12 +292,6 @@ store_class!(PyDenseStore, {
         view.set_verify_checksums(verify_checksums);
         Ok(PyDenseView { view, flag: self.flag.clone() })
     }
-    fn __repr__(&self) -> String {
-        match self.store() {
-            Ok(s) => format!("{s:?}"),
-            Err(_) => "DenseStore(<closed>)".into(),
-        }
-    }
 });
 
 /// An opened ragged store.
@@ -301,20 +301,7 @@ pub struct PyRaggedStore {
     flag: OpenFlag,
 }
 
-impl PyRaggedStore {
-    fn store(&self) -> PyResult<RaggedStore> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| PyValueError::new_err("store is closed"))
-    }
-    fn wrap(s: RaggedStore) -> Self {
-        PyRaggedStore { inner: Mutex::new(Some(s)), flag: OpenFlag::new() }
-    }
-}
-
-store_class!(PyRaggedStore, {
-    #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        Ok(Self::wrap(py.detach(move || RaggedStore::open(&path)).py_err()?))
-    }
+store_class!(PyRaggedStore, RaggedStore, {
     #[getter]
     fn ndim(&self) -> PyResult<usize> {
         Ok(self.store()?.ndim())
@@ -324,12 +311,6 @@ store_class!(PyRaggedStore, {
         let mut view = self.store()?.bind(&allocator.inner);
         view.set_verify_checksums(verify_checksums);
         Ok(PyRaggedView { view, flag: self.flag.clone() })
-    }
-    fn __repr__(&self) -> String {
-        match self.store() {
-            Ok(s) => format!("{s:?}"),
-            Err(_) => "RaggedStore(<closed>)".into(),
-        }
     }
 });
 

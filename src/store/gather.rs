@@ -160,8 +160,9 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
     let b = ids.len();
     let nd = core.ndim;
     let esize = core.dtype.size();
-    // Pass 1: offsets from the shapes index.
+    // Pass 1: read (and check) every shape row once; offsets follow from them.
     let mut cu: Vec<i32> = Vec::with_capacity(b + 1);
+    let mut shapes: Vec<u64> = Vec::with_capacity(b * nd);
     cu.push(0);
     let mut total: u64 = 0;
     let mut shape = [0u64; MAX_NDIM];
@@ -169,6 +170,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
         total += core.shape_into(ids.get(k), &mut shape)?;
         let t = i32::try_from(total).map_err(|_| Error::TooManyValues { count: total, limit: i32::MAX as u64 })?;
         cu.push(t);
+        shapes.extend_from_slice(&shape[..nd]);
     }
     let values_bytes = total as usize * esize;
     let layout = RaggedLayout::new(values_bytes, b, nd);
@@ -182,17 +184,12 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             write_ne(&mut meta[k * 4..k * 4 + 4], c.to_ne_bytes());
         }
         let shapes_region = &mut meta[sh_off - cu_off..];
-        for k in 0..b {
-            core.shape_into(ids.get(k), &mut shape)?;
-            for (j, d) in shape[..nd].iter().enumerate() {
-                let at = (k * nd + j) * 8;
-                write_ne(&mut shapes_region[at..at + 8], d.to_ne_bytes());
-            }
+        for (j, d) in shapes.iter().enumerate() {
+            write_ne(&mut shapes_region[j * 8..j * 8 + 8], d.to_ne_bytes());
         }
         // Pass 2: decode into place.
         let decode_run = |lo: usize, hi: usize, region: &mut [MaybeUninit<u8>]| -> Result<()> {
             let mut ctx = core.decoder.context();
-            let mut sh = [0u64; MAX_NDIM];
             let base = cu[lo] as usize * esize;
             for k in lo..(lo + PREFETCH_AHEAD).min(hi) {
                 core.prefetch(ids.get(k));
@@ -201,11 +198,9 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
                 if k + PREFETCH_AHEAD < hi {
                     core.prefetch(ids.get(k + PREFETCH_AHEAD));
                 }
-                let id = ids.get(k);
-                core.shape_into(id, &mut sh)?;
                 let a = cu[k] as usize * esize - base;
                 let z = cu[k + 1] as usize * esize - base;
-                core.read_into(&mut ctx, id, Some(&sh[..nd]), &mut region[a..z], verify)?;
+                core.read_into(&mut ctx, ids.get(k), Some(&shapes[k * nd..(k + 1) * nd]), &mut region[a..z], verify)?;
             }
             Ok(())
         };

@@ -136,7 +136,6 @@ impl HashedFile {
 struct ShardWorker {
     id: u16,
     file: HashedFile,
-    encoder: Encoder,
 }
 
 /// One record handed to the writer: its decoded bytes and, for ragged, its shape row.
@@ -217,8 +216,7 @@ impl WriterCore {
         for i in 0..options.data_shards {
             let p = tmp_path.join(format::shard_name(i));
             let file = HashedFile::create(p, &format::header(format::DATA_MAGIC, i as u32, 0))?;
-            let encoder = Encoder::new(options.codec, options.level, options.dictionary.as_deref())?;
-            shards.push(ShardWorker { id: i as u16, file, encoder });
+            shards.push(ShardWorker { id: i as u16, file });
         }
         let index = Some(HashedFile::create(tmp_path.join(format::INDEX), &format::header(format::INDEX_MAGIC, ENTRY_BYTES as u32, 0))?);
         let shapes = match ndim {
@@ -296,7 +294,6 @@ impl WriterCore {
         let s = self.shards.len();
         let window_bytes = WINDOW_BYTES_PER_SHARD * s;
         let window_records = WINDOW_RECORDS_PER_SHARD * s;
-        let mut entries: Vec<IndexEntry> = Vec::new();
         let mut start = 0usize;
         while start < n {
             // Window [start, end): bounded in bytes and records.
@@ -306,50 +303,56 @@ impl WriterCore {
                 bytes += record(end).0.len();
                 end += 1;
             }
-            if self.options.codec != Codec::Raw {
-                let stored = self.append_window_compressed(start, end, record)?;
-                self.finish_window(start, end, bytes, stored, record)?;
-                start = end;
-                continue;
-            }
-            // Raw: split into `s` contiguous parts of about equal bytes; each shard worker
-            // copies its part straight from the input into its file.
-            let mut cuts = Vec::with_capacity(s + 1);
-            cuts.push(start);
-            let mut acc = 0usize;
-            let mut k = start;
-            for part in 1..s {
-                let target = bytes / s * part;
-                while k < end && acc < target {
-                    acc += record(k).0.len();
-                    k += 1;
-                }
-                cuts.push(k);
-            }
-            cuts.push(end);
-            entries.clear();
-            entries.resize(end - start, IndexEntry { offset: 0, stored_len: 0, shard: 0, checksum: 0 });
-            let mut jobs = Vec::with_capacity(s);
-            let mut rest: &mut [IndexEntry] = &mut entries;
-            for (w, win) in self.shards.iter_mut().zip(cuts.windows(2)) {
-                let (mine, tail) = rest.split_at_mut(win[1] - win[0]);
-                rest = tail;
-                jobs.push((w, win[0], mine));
-            }
-            let base_id = self.count;
-            let first = start;
-            let stored: Result<Vec<u64>> = self.pool.install(|| {
-                jobs.into_par_iter()
-                    .map(|(w, lo, out)| encode_part(w, lo, out, record, base_id + (lo - first) as u64))
-                    .collect()
-            });
-            let stored: u64 = stored?.into_iter().sum();
-            self.pending = std::mem::take(&mut entries);
+            let stored = if self.options.codec == Codec::Raw {
+                self.append_window_raw(start, end, bytes, record)?
+            } else {
+                self.append_window_compressed(start, end, record)?
+            };
             self.finish_window(start, end, bytes, stored, record)?;
-            entries = std::mem::take(&mut self.pending);
             start = end;
         }
         Ok(())
+    }
+
+    /// Raw window: split into `data_shards` contiguous parts of about equal bytes; each shard
+    /// worker copies its part straight from the input into its file. Leaves the window's index
+    /// entries in `self.pending`.
+    fn append_window_raw<'a, F>(&mut self, start: usize, end: usize, bytes: usize, record: &F) -> Result<u64>
+    where
+        F: Fn(usize) -> RecordRef<'a> + Sync,
+    {
+        let s = self.shards.len();
+        let mut cuts = Vec::with_capacity(s + 1);
+        cuts.push(start);
+        let mut acc = 0usize;
+        let mut k = start;
+        for part in 1..s {
+            let target = bytes / s * part;
+            while k < end && acc < target {
+                acc += record(k).0.len();
+                k += 1;
+            }
+            cuts.push(k);
+        }
+        cuts.push(end);
+        let mut entries = std::mem::take(&mut self.pending);
+        entries.clear();
+        entries.resize(end - start, IndexEntry { offset: 0, stored_len: 0, shard: 0, checksum: 0 });
+        let mut jobs = Vec::with_capacity(s);
+        let mut rest: &mut [IndexEntry] = &mut entries;
+        for (w, win) in self.shards.iter_mut().zip(cuts.windows(2)) {
+            let (mine, tail) = rest.split_at_mut(win[1] - win[0]);
+            rest = tail;
+            jobs.push((w, win[0], mine));
+        }
+        let base_id = self.count;
+        let stored: Result<Vec<u64>> = self.pool.install(|| {
+            jobs.into_par_iter()
+                .map(|(w, lo, out)| write_raw_part(w, lo, out, record, base_id + (lo - start) as u64))
+                .collect()
+        });
+        self.pending = entries;
+        Ok(stored?.into_iter().sum())
     }
 
     /// Append the window's index entries (in `self.pending`) and shape rows, update counters.
@@ -527,7 +530,7 @@ where
     Ok(c)
 }
 
-fn encode_part<'a, F>(w: &mut ShardWorker, lo: usize, out: &mut [IndexEntry], record: &F, first_id: u64) -> Result<u64>
+fn write_raw_part<'a, F>(w: &mut ShardWorker, lo: usize, out: &mut [IndexEntry], record: &F, first_id: u64) -> Result<u64>
 where
     F: Fn(usize) -> RecordRef<'a> + Sync,
 {
@@ -535,16 +538,15 @@ where
     for (k, slot) in out.iter_mut().enumerate() {
         let (bytes, shape) = record(lo + k);
         let offset = w.file.bytes;
-        let enc = w.encoder.encode(bytes, &w.file.path)?;
-        let stored_len = u32::try_from(enc.len()).map_err(|_| Error::RecordTooLarge {
+        let stored_len = u32::try_from(bytes.len()).map_err(|_| Error::RecordTooLarge {
             index: lo + k,
             bytes: bytes.len() as u64,
             limit: format::MAX_RECORD_BYTES,
         })?;
-        let checksum = XxHash3_64::oneshot_with_seed(format::record_seed(first_id + k as u64, shape), enc);
+        let checksum = XxHash3_64::oneshot_with_seed(format::record_seed(first_id + k as u64, shape), bytes);
         *slot = IndexEntry { offset, stored_len, shard: w.id, checksum };
-        stored += enc.len() as u64;
-        w.file.write(enc)?;
+        stored += bytes.len() as u64;
+        w.file.write(bytes)?;
     }
     w.file.start_writeback()?;
     Ok(stored)

@@ -1,5 +1,5 @@
-"""Peak PSS of a process tree, sampled in a background thread (no zrecord import, so the
-loaderx interpreter can use it too)."""
+"""Shared bench harness: a timing loop over fresh batches and peak PSS of a process tree.
+It imports nothing of zrecord, so the loaderx interpreter (Python >= 3.12) uses it too."""
 
 import os
 import threading
@@ -43,3 +43,16 @@ class PeakPss:
     def __exit__(self, *a):
         self.stop = True
         self.t.join()
+
+
+def measure(fn, batches, seconds):
+    """Seconds per call of fn(batch), cycling through `batches` for at least `seconds`."""
+    fn(batches[0])  # warm
+    t0 = time.perf_counter()
+    k = 0
+    while True:
+        fn(batches[k % len(batches)])
+        k += 1
+        if k % 8 == 0 and time.perf_counter() - t0 >= seconds:
+            break
+    return (time.perf_counter() - t0) / k
