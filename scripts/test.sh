@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/zrecord-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-echo "== cargo test (unit, integration, property, doc tests)"
+echo "== cargo test (unit, integration, property, doc tests, sql/*.slt)"
 cargo test --locked
 
 echo "== examples"
@@ -41,6 +41,8 @@ fi
   "maturin>=1.5,<2" "numpy>=1.26" pytest pyarrow polars ml_dtypes
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "jax[cpu]" 2>/dev/null \
   || echo "jax not installed: its DLPack test will be skipped"
+# The datafusion package of the crate's major version, for the datafusion-ffi table provider test.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "datafusion>=55,<56"
 VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" develop --quiet --features python 2>&1 | tail -3
 "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider
 echo "== all tests passed"

@@ -4,8 +4,10 @@
 //! (Struct<data: List<T>, shape: FixedSizeList<int32, ndim>>). Buffers point into the batch's
 //! pooled allocation, which stays alive while any Arrow array refers to it.
 
+mod convert;
 mod tensor;
 
+pub use convert::{column_from_dense, column_from_ragged, ColumnLayout, Logical, StreamWriter};
 pub use tensor::{dense_to_arrow, element_field, ragged_to_arrow, tensor_buffer, to_record_batch};
 
 /// `ARROW:extension:name`.

@@ -5,7 +5,8 @@
 //!
 //! Layers (each depends only on those below): [`dtype`] and [`error`]; [`store`] (the
 //! container: format, codecs, writers, readers, gather); [`memory`] (allocator, tensors,
-//! DLPack); [`arrow`] (Arrow-native tensor types).
+//! DLPack); [`arrow`] (Arrow-native tensor types); [`loader`] (sampler and loader);
+//! [`query`] (DataFusion: tables, COPY TO, gather / loader table functions).
 #![warn(missing_docs)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -14,6 +15,7 @@ pub mod dtype;
 pub mod loader;
 pub mod error;
 pub mod memory;
+pub mod query;
 pub mod sample;
 pub mod store;
 #[cfg(feature = "python")]

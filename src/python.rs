@@ -5,6 +5,7 @@ mod errors;
 mod input;
 mod loader;
 mod memory;
+mod sql;
 mod store;
 
 use pyo3::prelude::*;
@@ -29,6 +30,9 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyMode>()?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<loader::PyArrowLoader>()?;
+    m.add_class::<sql::PySessionContext>()?;
+    m.add_class::<sql::PyQueryResult>()?;
+    m.add_class::<sql::PyTable>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;

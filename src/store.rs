@@ -22,6 +22,7 @@ pub use format::Kind;
 pub use gather::Ids;
 pub use ragged::{RaggedStore, RaggedView, RaggedWriter};
 pub use writer::WriterOptions;
+pub(crate) use writer::{rename_noreplace, sync_dir};
 
 use crate::dtype::DType;
 use crate::error::Result;
@@ -113,6 +114,12 @@ impl Store {
     /// Element type.
     pub fn dtype(&self) -> DType {
         self.core().dtype
+    }
+
+    /// Records gathered through this opened store so far (every handle and view of it share
+    /// the count): what a scan really read.
+    pub fn records_read(&self) -> u64 {
+        self.core().records_read.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Codec.

@@ -63,3 +63,55 @@ fn demo_runs_on_the_builtin_sample() {
     }
     assert!(text.contains("all stores verified"));
 }
+
+#[test]
+fn sql_prints_tables_writes_files_and_reports_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut w = DenseWriter::create(root.join("label"), DType::Int64, &[], WriterOptions::default()).unwrap();
+    w.append_slice(&(0..10i64).map(|i| i % 3).collect::<Vec<_>>()).unwrap();
+    w.finish().unwrap();
+    let mut w = DenseWriter::create(root.join("x"), DType::Float32, &[2], WriterOptions::with_codec(Codec::Zstd)).unwrap();
+    w.append_slice(&(0..20).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    w.finish().unwrap();
+    let table = format!("t={}", root.display());
+
+    let out = zrec().args(["sql", "SELECT label, count(*) AS n FROM t GROUP BY label ORDER BY label", "--table", &table]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().filter(|l| l.starts_with("| ")).map(|l| l.split('|').map(str::trim).filter(|c| !c.is_empty()).collect()).collect();
+    assert_eq!(rows, vec![vec!["label", "n"], vec!["0", "4"], vec!["1", "3"], vec!["2", "3"]], "{text}");
+    assert!(text.contains("(3 rows)"), "{text}");
+
+    let out = zrec().args(["sql", "SELECT _id, x FROM gather('t', [4, 1])", "--table", &table]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("| 4   | [8.0, 9.0] |") && text.contains("| 1   | [2.0, 3.0] |"), "{text}");
+
+    // Files: Parquet / CSV / Arrow, read back by zrec sql itself.
+    for ext in ["parquet", "csv", "arrow"] {
+        let f = dir.path().join(format!("out.{ext}"));
+        let out = zrec().args(["sql", "SELECT _id, label FROM t WHERE _id >= 7", "--table", &table, "-o"]).arg(&f).output().unwrap();
+        assert!(out.status.success(), "{ext}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("3 rows written"), "{ext}");
+        assert!(f.exists());
+    }
+    let csv = std::fs::read_to_string(dir.path().join("out.csv")).unwrap();
+    let mut lines: Vec<&str> = csv.lines().collect();
+    lines[1..].sort();
+    assert_eq!(lines, vec!["_id,label", "7,1", "8,2", "9,0"]);
+
+    // info on a dataset root: one row per stream.
+    let out = zrec().arg("info").arg(&root).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("label") && text.contains("float32") && text.contains("10 records per stream"), "{text}");
+    let out = zrec().args(["verify", "--quiet"]).arg(&root).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("20 records verified"));
+
+    // Errors: exit 1 with DataFusion's / zrecord's message.
+    let out = zrec().args(["sql", "SELECT * FROM gather('t', [99])", "--table", &table]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("index 99 out of range"));
+    let out = zrec().args(["sql", "SELECT 1", "--table", "nonsense"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAME=PATH"));
+}

@@ -4,6 +4,10 @@ Writers build a store once and publish it atomically; stores are opened read-onl
 an :class:`Allocator` to read. Dense reads return :class:`DLTensor` (DLPack-only, consume with
 ``np.from_dlpack`` / ``torch.from_dlpack``), ragged reads return :class:`RaggedBatch`. Every
 batch also exports through the Arrow PyCapsule interface (``pyarrow.array(batch)``).
+
+SQL (DataFusion): :class:`SessionContext` registers stores and dataset roots as tables and runs
+queries (``COPY ... TO 'path' STORED AS ZRECORD``, ``gather('t', [ids])``, ``loader(...)``);
+:class:`Table` plugs a store into the ``datafusion`` package's ``SessionContext.register_table``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from ._zrecord import (
     DenseWriter,
     DLTensor,
     Loader,
+    QueryResult,
     RaggedBatch,
     RaggedStore,
     RaggedView,
     RaggedWriter,
     Sampler,
+    SessionContext,
+    Table,
     __version__,
     train_dict,
 )
@@ -39,11 +46,14 @@ __all__ = [
     "DenseView",
     "DenseWriter",
     "Loader",
+    "QueryResult",
     "RaggedBatch",
     "RaggedStore",
     "RaggedView",
     "RaggedWriter",
     "Sampler",
+    "SessionContext",
+    "Table",
     "dtypes",
     "open",
     "to_arrow",

@@ -60,10 +60,17 @@ fn ext_field(name: &str, data_type: DataType, ext: &str, meta: String) -> Field 
     ]))
 }
 
-/// A dense batch `[n, *item_shape]` as an `arrow.fixed_shape_tensor` column of `n` rows.
+/// A dense batch `[n, *item_shape]` as an `arrow.fixed_shape_tensor` column of `n` rows (a
+/// plain primitive column when the item shape is `()`).
 pub fn dense_to_arrow(name: &str, t: &Tensor) -> Result<(FieldRef, ArrayRef)> {
     let shape = t.shape();
     let (&n, item) = shape.split_first().ok_or_else(|| Error::invalid("tensor", "a 0-d tensor has no batch axis"))?;
+    if item.is_empty() {
+        // 0-D items: the plain primitive column (with the element extension where Arrow lacks
+        // the type, e.g. bf16).
+        let field = element_field(t.dtype()).with_name(name);
+        return Ok((Arc::new(field), flat_values(t, n)?));
+    }
     let per: usize = item.iter().product();
     let size = i32::try_from(per).map_err(|_| Error::invalid("tensor", format!("item of {per} elements exceeds Arrow's FixedSizeList limit")))?;
     let child = Arc::new(element_field(t.dtype()));

@@ -1,4 +1,4 @@
-//! `zrec`: inspect, verify and demo zrecord stores.
+//! `zrec`: inspect, verify, query and demo zrecord stores.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use zrecord::prelude::*;
 use zrecord::sample::{self, SplitMix64};
+use zrecord::query::{zrecord_context, Dataset, SessionContextExt, ZrecordTable};
 use zrecord::store::{Kind, StoreStats};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::dataframe::DataFrameWriteOptions;
 
 #[derive(Parser)]
 #[command(name = "zrec", version, about = "Typed, immutable ML record stores")]
@@ -19,18 +22,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show a store's kind, dtype, shape, codec, record count, sizes and compression ratio.
+    /// Show a store's kind, dtype, shape, codec, record count, sizes and compression ratio
+    /// (one row per stream for a dataset root).
     Info {
-        /// Store folder.
+        /// Store folder or dataset root.
         path: PathBuf,
     },
-    /// Check every byte of a store; exit code 0 when intact, 2 when corrupt.
+    /// Check every byte of a store (every stream of a dataset root); exit code 0 when intact,
+    /// 2 when corrupt.
     Verify {
-        /// Store folder.
+        /// Store folder or dataset root.
         path: PathBuf,
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+    },
+    /// Run SQL (DataFusion) over stores: print an aligned table, or write the result to a file.
+    Sql {
+        /// The query, e.g. "SELECT _id, label FROM train WHERE _id IN (3, 1)".
+        query: String,
+        /// Register a store or dataset root as a table (repeatable).
+        #[arg(long = "table", value_name = "NAME=PATH")]
+        tables: Vec<String>,
+        /// Write the result to PATH instead of printing; the format follows the extension:
+        /// .parquet, .csv, .json, .arrow / .ipc.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Rows printed at most (0: all).
+        #[arg(long, default_value_t = 100)]
+        max_rows: usize,
     },
     /// Run the built-in sample: write each kind in each codec, gather random batches, report
     /// sizes and throughput against the memcpy limit.
@@ -56,6 +76,20 @@ fn human(b: u64) -> String {
 }
 
 fn info(path: PathBuf) -> Result<()> {
+    if !path.join(zrecord::store::format::MANIFEST).exists() {
+        // A dataset root: one row per stream.
+        let table = ZrecordTable::open(&path)?;
+        let batch = zrecord::query::info_batch(&table)?;
+        println!("dataset root {}  ({} records per stream)", path.display(), table.dataset().len());
+        let keep: Vec<usize> = ["stream", "kind", "dtype", "shape", "logical", "codec", "records", "raw_bytes", "stored_bytes", "compression_ratio"]
+            .iter()
+            .filter_map(|c| batch.schema().index_of(c).ok())
+            .collect();
+        let batch = batch.project(&keep).map_err(|e| Error::invalid("arrow", e.to_string()))?;
+        let text = pretty_format_batches(&[batch]).map_err(|e| Error::invalid("arrow", e.to_string()))?;
+        println!("{text}");
+        return Ok(());
+    }
     let s = Store::open(&path)?;
     let st: StoreStats = s.stats();
     println!("path          {}", path.display());
@@ -76,6 +110,14 @@ fn info(path: PathBuf) -> Result<()> {
 }
 
 fn verify(path: PathBuf, quiet: bool) -> Result<u64> {
+    if !path.join(zrecord::store::format::MANIFEST).exists() {
+        let ds = Dataset::open(&path)?;
+        let mut total = 0;
+        for st in ds.streams() {
+            total += verify(st.store.path().to_path_buf(), quiet)?;
+        }
+        return Ok(total);
+    }
     let s = Store::open(&path)?;
     let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(s.len()) };
     pb.set_style(
@@ -169,11 +211,126 @@ fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
             store.verify()?;
         }
     }
+    sql_demo(&root, n_tok, &alloc)?;
     if tmp_is(&root) {
         let _ = std::fs::remove_dir_all(&root);
     }
     println!("\nall stores verified; transcode, SQL and Python APIs: see README.md");
     Ok(())
+}
+
+fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize) -> std::result::Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let ctx = zrecord_context();
+        for t in tables {
+            let (name, path) = t.split_once('=').ok_or_else(|| format!("--table '{t}': expected NAME=PATH"))?;
+            ctx.register_zrecord(name, path).map_err(|e| format!("--table {name}: {e}"))?;
+        }
+        let df = ctx.sql(query).await.map_err(|e| e.to_string())?;
+        if let Some(out) = output {
+            let ext = out.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
+            let path = out.to_string_lossy().into_owned();
+            let single = DataFrameWriteOptions::new().with_single_file_output(true);
+            let rows: usize = match ext.as_str() {
+                "parquet" => count(df.write_parquet(&path, single, None).await),
+                "csv" => count(df.write_csv(&path, single, None).await),
+                "json" => count(df.write_json(&path, single, None).await),
+                "arrow" | "ipc" => {
+                    let schema = df.schema().inner().clone();
+                    let batches = df.collect().await.map_err(|e| e.to_string())?;
+                    let f = std::fs::File::create_new(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+                    let mut w = datafusion::arrow::ipc::writer::FileWriter::try_new(f, &schema).map_err(|e| e.to_string())?;
+                    for b in &batches {
+                        w.write(b).map_err(|e| e.to_string())?;
+                    }
+                    w.finish().map_err(|e| e.to_string())?;
+                    Ok(batches.iter().map(|b| b.num_rows()).sum())
+                }
+                other => Err(format!("--output: unknown extension '{other}' (use .parquet, .csv, .json, .arrow)")),
+            }?;
+            eprintln!("{rows} rows written to {}", out.display());
+            return Ok(());
+        }
+        let batches = df.collect().await.map_err(|e| e.to_string())?;
+        let total: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut shown = Vec::new();
+        let mut left = if max_rows == 0 { usize::MAX } else { max_rows };
+        for b in &batches {
+            if left == 0 {
+                break;
+            }
+            let k = b.num_rows().min(left);
+            shown.push(b.slice(0, k));
+            left -= k;
+        }
+        if shown.is_empty() {
+            if let Some(b) = batches.first() {
+                shown.push(b.slice(0, 0));
+            }
+        }
+        println!("{}", pretty_format_batches(&shown).map_err(|e| e.to_string())?);
+        let printed: usize = shown.iter().map(|b| b.num_rows()).sum();
+        if printed < total {
+            println!("({total} rows, first {printed} shown; --max-rows 0 prints all)");
+        } else {
+            println!("({total} rows)");
+        }
+        Ok(())
+    })
+}
+
+fn count(r: datafusion::error::Result<Vec<datafusion::arrow::record_batch::RecordBatch>>) -> std::result::Result<usize, String> {
+    let batches = r.map_err(|e| e.to_string())?;
+    // The writers answer with one `count` row.
+    Ok(batches
+        .first()
+        .and_then(|b| b.column(0).as_any().downcast_ref::<datafusion::arrow::array::UInt64Array>().map(|c| c.value(0) as usize))
+        .unwrap_or(0))
+}
+
+/// SQL over the stores just written: a COPY into a dataset root, a gather query, and 256-id
+/// gathers through DataFusion next to direct view gathers.
+fn sql_demo(root: &std::path::Path, n: usize, alloc: &Allocator) -> Result<()> {
+    let q = |e: datafusion::error::DataFusionError| Error::invalid("sql", e.to_string());
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::invalid("runtime", e.to_string()))?;
+    let src = root.join("ragged-tokens-zstd");
+    let sub = root.join("sql-subset");
+    rt.block_on(async {
+        let ctx = zrecord_context();
+        ctx.register_zrecord("src", &src).map_err(q)?;
+        let copy = format!(
+            "COPY (SELECT \"ragged-tokens-zstd\" AS tokens, cardinality(\"ragged-tokens-zstd\") AS len FROM src WHERE _id < 1000 ORDER BY _id) TO '{}' STORED AS ZRECORD OPTIONS (codec 'zstd')",
+            sub.display()
+        );
+        ctx.sql(&copy).await.map_err(q)?.collect().await.map_err(q)?;
+        ctx.register_zrecord("sub", &sub).map_err(q)?;
+        let sql = "SELECT _id, len, tokens[1] AS first_token FROM gather('sub', [5, 0, 5]) ";
+        let batches = ctx.sql(sql).await.map_err(q)?.collect().await.map_err(q)?;
+        println!("\nSQL: COPY (first 1000 ragged records) TO a dataset root, then\n  {sql}");
+        println!("{}", pretty_format_batches(&batches).map_err(|e| Error::invalid("arrow", e.to_string()))?);
+        let Store::Ragged(store) = Store::open(&src)? else { return Err(Error::invalid("demo", "expected a ragged store")) };
+        let view = store.bind(alloc);
+        let mut rng = SplitMix64::new(7);
+        let (mut t_sql, mut t_direct) = (0.0, 0.0);
+        for _ in 0..20 {
+            let mut ids: Vec<u64> = (0..256).map(|_| rng.below(n as u64)).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+            let t = Instant::now();
+            let b = ctx.sql(&format!("SELECT \"ragged-tokens-zstd\" FROM src WHERE _id IN ({list})")).await.map_err(q)?.collect().await.map_err(q)?;
+            t_sql += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let g = view.gather(&ids)?;
+            t_direct += t.elapsed().as_secs_f64();
+            if b.iter().map(|b| b.num_rows()).sum::<usize>() != g.len() {
+                return Err(Error::invalid("demo", "SQL and direct gathers disagree"));
+            }
+        }
+        println!("SQL gather of 256 random ids (parse + plan + pushdown + gather): {:.0} us; direct view gather {:.0} us ({:.2}x)", t_sql / 20.0 * 1e6, t_direct / 20.0 * 1e6, t_sql / t_direct);
+        Ok(())
+    })
 }
 
 fn tmp_is(root: &std::path::Path) -> bool {
@@ -196,6 +353,15 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Demo { dir, scale } => demo(dir, scale),
+        Command::Sql { query, tables, output, max_rows } => {
+            return match sql(&query, &tables, output, max_rows) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -105,6 +105,7 @@ fn run_parallel<T: Send>(mut tasks: Vec<T>, f: impl Fn(T) -> Result<()> + Sync) 
 pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool, parallel: bool) -> Result<Tensor> {
     let verify = if verify { Check::FirstRead } else { Check::Off };
     ids.validate(core.len, &core.path)?;
+    core.records_read.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let rb = core.record_bytes;
     let b = ids.len();
     let total = rb.checked_mul(b).ok_or_else(|| Error::invalid("indices", format!("{b} records of {rb} bytes overflow")))?;
@@ -157,6 +158,7 @@ fn write_ne<const N: usize>(dst: &mut [MaybeUninit<u8>], bytes: [u8; N]) {
 pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>, verify: bool, parallel: bool) -> Result<RaggedBatch> {
     let verify = if verify { Check::FirstRead } else { Check::Off };
     ids.validate(core.len, &core.path)?;
+    core.records_read.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let b = ids.len();
     let nd = core.ndim;
     let esize = core.dtype.size();

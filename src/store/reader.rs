@@ -139,6 +139,8 @@ pub(crate) struct StoreCore {
     pub(crate) shards: Vec<Mapped>,
     pub(crate) dictionary: Option<Vec<u8>>,
     pub(crate) decoder: Decoder,
+    /// Records gathered through this opened store (a counter for tests and metrics).
+    pub(crate) records_read: std::sync::atomic::AtomicU64,
 }
 
 impl StoreCore {
@@ -242,6 +244,7 @@ impl StoreCore {
         let decoder = Decoder::new(codec, dictionary.as_deref(), &path)?;
         Ok(StoreCore {
             verified: VerifiedSet::new(len),
+            records_read: std::sync::atomic::AtomicU64::new(0),
             path,
             kind: manifest.kind,
             manifest,

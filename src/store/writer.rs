@@ -570,13 +570,13 @@ impl Drop for TmpGuard {
     }
 }
 
-fn sync_dir(p: &Path) -> Result<()> {
+pub(crate) fn sync_dir(p: &Path) -> Result<()> {
     let f = File::open(p).map_err(|e| Error::io(p, e))?;
     f.sync_all().map_err(|e| Error::io(p, e))
 }
 
 /// Rename `from` to `to`, failing if `to` exists (never replaces a published store).
-fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::ffi::CString;

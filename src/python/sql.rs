@@ -1,0 +1,300 @@
+//! SQL from Python: `zrecord.SessionContext`, `zrecord.QueryResult` and `zrecord.Table`
+//! (`__datafusion_table_provider__` for the `datafusion` PyPI package).
+
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
+
+use arrow_array::{RecordBatch, RecordBatchReader};
+use arrow_schema::{ArrowError, SchemaRef};
+use datafusion::dataframe::DataFrame;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::table_provider::FFI_TableProvider;
+use futures::StreamExt;
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyCapsuleMethods};
+
+use crate::python::errors::{to_py, IntoPy};
+use crate::query::{zrecord_context_with_config, zrecord_error, SessionContextExt, ZrecordTable};
+
+/// One multi-threaded runtime for every query started from Python.
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread().thread_name("zrecord-sql").enable_all().build().unwrap_or_else(|e| panic!("cannot start the SQL runtime: {e}"))
+    })
+}
+
+/// A DataFusion error as the matching Python exception: zrecord errors keep their mapping
+/// (IndexError, FileExistsError, ...), planning errors are ValueError.
+pub(crate) fn df_to_py(e: DataFusionError) -> PyErr {
+    if let Some(z) = zrecord_error(&e) {
+        // Re-map through the zrecord error, keeping DataFusion's full message.
+        let mapped = to_py(clone_kind(z));
+        return Python::attach(|py| {
+            let ty = mapped.get_type(py);
+            PyErr::from_type(ty, e.to_string())
+        });
+    }
+    match e.find_root() {
+        DataFusionError::NotImplemented(_) => PyNotImplementedError::new_err(e.to_string()),
+        DataFusionError::Plan(_) | DataFusionError::SQL(..) | DataFusionError::SchemaError(..) | DataFusionError::Configuration(_) => {
+            PyValueError::new_err(e.to_string())
+        }
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// A zrecord error of the same kind (for picking the Python exception type).
+fn clone_kind(e: &crate::Error) -> crate::Error {
+    use crate::Error as E;
+    match e {
+        E::IndexOutOfRange { index, len, store } => E::IndexOutOfRange { index: *index, len: *len, store: store.clone() },
+        E::AlreadyExists { path } => E::AlreadyExists { path: path.clone() },
+        E::NotFound { path, reason } => E::NotFound { path: path.clone(), reason: reason.clone() },
+        E::Corrupt { path, reason } => E::Corrupt { path: path.clone(), reason: reason.clone() },
+        E::DtypeMismatch { expected, found } => E::DtypeMismatch { expected: expected.clone(), found: found.clone() },
+        other => E::invalid("sql", other.to_string()),
+    }
+}
+
+/// A DataFusion session with zrecord's tables, COPY TO format and table functions.
+#[pyclass(name = "SessionContext", module = "zrecord")]
+pub struct PySessionContext {
+    ctx: SessionContext,
+}
+
+#[pymethods]
+impl PySessionContext {
+    #[new]
+    #[pyo3(signature = (target_partitions = None, batch_size = None))]
+    fn new(target_partitions: Option<usize>, batch_size: Option<usize>) -> PyResult<Self> {
+        let mut config = SessionConfig::new();
+        if let Some(p) = target_partitions {
+            if p == 0 {
+                return Err(PyValueError::new_err("target_partitions must be at least 1"));
+            }
+            config = config.with_target_partitions(p);
+        }
+        if let Some(b) = batch_size {
+            if b == 0 {
+                return Err(PyValueError::new_err("batch_size must be at least 1"));
+            }
+            config = config.with_batch_size(b);
+        }
+        Ok(PySessionContext { ctx: zrecord_context_with_config(config) })
+    }
+
+    /// Register the store or dataset root at `path` as table `name`.
+    fn register(&self, name: &str, path: std::path::PathBuf) -> PyResult<()> {
+        self.ctx.register_zrecord(name, &path).map_err(df_to_py)
+    }
+
+    /// Register any Arrow data (pyarrow Table / RecordBatchReader, polars DataFrame, anything
+    /// with `__arrow_c_stream__`) as an in-memory table, e.g. to `COPY` it into a store.
+    fn register_arrow(&self, py: Python<'_>, name: &str, data: pyo3_arrow::PyTable) -> PyResult<()> {
+        let (batches, schema) = data.into_inner();
+        py.detach(|| {
+            let t = datafusion::datasource::MemTable::try_new(schema, vec![batches])?;
+            self.ctx.register_table(name, Arc::new(t)).map(|_| ())
+        })
+        .map_err(df_to_py)
+    }
+
+    /// Drop a registered table.
+    fn deregister(&self, name: &str) -> PyResult<()> {
+        self.ctx.deregister_table(name).map(|_| ()).map_err(df_to_py)
+    }
+
+    /// Registered table names (default schema).
+    fn tables(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.ctx.catalog("datafusion").and_then(|c| c.schema("public")).map(|s| s.table_names()).unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Plan `query`. Statements (CREATE, COPY, INSERT, ...) run now; queries run when their
+    /// result is read (`to_arrow()`, `to_polars()`, `__arrow_c_stream__`).
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PyQueryResult> {
+        let ctx = self.ctx.clone();
+        let query = query.to_string();
+        let df = py.detach(|| runtime().block_on(ctx.sql(&query))).map_err(df_to_py)?;
+        let eager = matches!(df.logical_plan(), LogicalPlan::Copy(_) | LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Statement(_));
+        if eager {
+            let schema: SchemaRef = df.schema().inner().clone();
+            let batches = py.detach(|| runtime().block_on(df.collect())).map_err(df_to_py)?;
+            return Ok(PyQueryResult { df: None, done: Some((schema, batches)) });
+        }
+        Ok(PyQueryResult { df: Some(df), done: None })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SessionContext(tables={:?})", self.tables())
+    }
+}
+
+/// The result of `SessionContext.sql`: read it as a pyarrow Table, a polars DataFrame or any
+/// Arrow PyCapsule stream consumer. Each read runs the query again (results are not cached).
+#[pyclass(name = "QueryResult", module = "zrecord")]
+pub struct PyQueryResult {
+    df: Option<DataFrame>,
+    done: Option<(SchemaRef, Vec<RecordBatch>)>,
+}
+
+/// A DataFusion stream read synchronously on the shared runtime.
+struct BlockingStream {
+    schema: SchemaRef,
+    stream: SendableRecordBatchStream,
+}
+
+impl Iterator for BlockingStream {
+    type Item = Result<RecordBatch, ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        runtime().block_on(self.stream.next()).map(|r| r.map_err(|e| ArrowError::ExternalError(Box::new(e))))
+    }
+}
+
+impl RecordBatchReader for BlockingStream {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+impl PyQueryResult {
+    fn reader(&self, py: Python<'_>) -> PyResult<Box<dyn RecordBatchReader + Send>> {
+        if let Some((schema, batches)) = &self.done {
+            let it = batches.clone().into_iter().map(Ok);
+            return Ok(Box::new(arrow_array::RecordBatchIterator::new(it, schema.clone())));
+        }
+        let df = self.df.clone().ok_or_else(|| PyValueError::new_err("empty result"))?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let stream = py.detach(|| runtime().block_on(df.execute_stream())).map_err(df_to_py)?;
+        Ok(Box::new(BlockingStream { schema, stream }))
+    }
+}
+
+#[pymethods]
+impl PyQueryResult {
+    /// Column names.
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        match (&self.done, &self.df) {
+            (Some((s, _)), _) => s.fields().iter().map(|f| f.name().clone()).collect(),
+            (None, Some(df)) => df.schema().fields().iter().map(|f| f.name().clone()).collect(),
+            _ => vec![],
+        }
+    }
+
+    /// Arrow PyCapsule stream (one pass over the result; the query runs as it is read).
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(&self, py: Python<'py>, requested_schema: Option<Bound<'py, PyCapsule>>) -> PyResult<Bound<'py, PyCapsule>> {
+        let reader = self.reader(py)?;
+        Ok(pyo3_arrow::ffi::to_stream_pycapsule(py, Box::new(ReaderAsArrays::new(reader)), requested_schema)?)
+    }
+
+    /// The whole result as a `pyarrow.Table`.
+    fn to_arrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        slf.py().import("pyarrow")?.call_method1("table", (slf,))
+    }
+
+    /// The whole result as a `polars.DataFrame`.
+    fn to_polars<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let table = Self::to_arrow(slf)?;
+        slf.py().import("polars")?.call_method1("from_arrow", (table,))
+    }
+
+    /// The physical plan, as EXPLAIN prints it.
+    fn explain(&self, py: Python<'_>) -> PyResult<String> {
+        let df = self.df.clone().ok_or_else(|| PyValueError::new_err("statements have no plan to explain"))?;
+        let batches = py.detach(|| runtime().block_on(async { df.explain(false, false)?.collect().await })).map_err(df_to_py)?;
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        Ok(text.to_string())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("QueryResult(columns={:?})", self.columns())
+    }
+}
+
+/// A RecordBatchReader as the struct-array reader pyo3-arrow exports.
+struct ReaderAsArrays {
+    inner: Box<dyn RecordBatchReader + Send>,
+    field: arrow_schema::FieldRef,
+}
+
+impl ReaderAsArrays {
+    fn new(inner: Box<dyn RecordBatchReader + Send>) -> Self {
+        let field = Arc::new(arrow_schema::Field::new_struct("", inner.schema().fields().clone(), false));
+        ReaderAsArrays { inner, field }
+    }
+}
+
+impl Iterator for ReaderAsArrays {
+    type Item = Result<arrow_array::ArrayRef, ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next().map(|r| r.map(|b| Arc::new(arrow_array::StructArray::from(b)) as arrow_array::ArrayRef))
+    }
+}
+
+impl pyo3_arrow::ffi::ArrayReader for ReaderAsArrays {
+    fn field(&self) -> arrow_schema::FieldRef {
+        self.field.clone()
+    }
+}
+
+/// A store or dataset root as a table for any DataFusion: `zrecord.SessionContext.register`
+/// uses it directly, and the `datafusion` PyPI package's `SessionContext.register_table(name,
+/// zrecord.Table(path))` takes it through `__datafusion_table_provider__` (datafusion-ffi).
+#[pyclass(name = "Table", module = "zrecord")]
+pub struct PyTable {
+    table: Arc<ZrecordTable>,
+}
+
+#[pymethods]
+impl PyTable {
+    #[new]
+    fn new(path: std::path::PathBuf) -> PyResult<Self> {
+        Ok(PyTable { table: Arc::new(ZrecordTable::open(&path).py_err()?) })
+    }
+
+    /// Column names (`_id` first, then the streams).
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        use datafusion::datasource::TableProvider;
+        self.table.schema().fields().iter().map(|f| f.name().clone()).collect()
+    }
+
+    /// Records per stream.
+    fn __len__(&self) -> usize {
+        self.table.num_rows() as usize
+    }
+
+    /// The FFI table provider capsule for the `datafusion` package (55.x).
+    fn __datafusion_table_provider__<'py>(&self, py: Python<'py>, session: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = logical_codec(&session)?;
+        let provider = FFI_TableProvider::new_with_ffi_codec(self.table.clone(), true, Some(runtime().handle().clone()), codec);
+        PyCapsule::new_with_value(py, provider, c"datafusion_table_provider")
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Table(path={:?}, records={})", self.table.dataset().path(), self.table.num_rows())
+    }
+}
+
+/// The session's logical extension codec, from the object datafusion-python passes
+/// (a SessionContext exposing `__datafusion_logical_extension_codec__`, or the capsule itself).
+fn logical_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCodec> {
+    const ATTR: &str = "__datafusion_logical_extension_codec__";
+    let capsule = if session.hasattr(ATTR)? { session.getattr(ATTR)?.call0()? } else { session.clone() };
+    let capsule = capsule.cast::<PyCapsule>().map_err(|_| PyValueError::new_err("session must be a datafusion SessionContext or a logical extension codec capsule"))?;
+    let ptr: NonNull<FFI_LogicalExtensionCodec> = capsule.pointer_checked(Some(c"datafusion_logical_extension_codec"))?.cast();
+    // SAFETY: the capsule name was checked to be datafusion's logical-codec capsule, whose
+    // pointer is a live FFI_LogicalExtensionCodec owned by the capsule (alive while we hold
+    // `capsule`); we only clone it (a reference-counted FFI handle) before returning.
+    let codec = unsafe { ptr.as_ref() };
+    Ok(codec.clone())
+}

@@ -1,0 +1,107 @@
+//! SQL over record stores (DataFusion).
+//!
+//! - [`ZrecordTable`]: a store or dataset root as a table (one column per stream plus `_id`),
+//!   with projection, limit and exact `_id` filter pushdown, partitioned over id ranges.
+//! - `CREATE EXTERNAL TABLE t STORED AS ZRECORD LOCATION 'path'` and
+//!   `COPY (query) TO 'path' STORED AS ZRECORD OPTIONS (codec 'zstd', level '3', data_shards '4')`.
+//! - Table functions `gather('t', [ids])`, `zrecord_info('t')` and
+//!   `loader('t', batch_size, mode, seed [, steps])`.
+//!
+//! ```no_run
+//! # async fn demo() -> datafusion::error::Result<()> {
+//! use zrecord::query::{zrecord_context, SessionContextExt};
+//! let ctx = zrecord_context();
+//! ctx.register_zrecord("train", "/data/train")?;
+//! let rows = ctx.sql("SELECT _id, label FROM train WHERE _id IN (3, 1, 4)").await?.collect().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod dataset;
+mod functions;
+pub mod ids;
+mod sink;
+mod table;
+
+use std::sync::Arc;
+
+use datafusion::error::DataFusionError;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+pub use dataset::{Dataset, DatasetWriter, Stream};
+pub use functions::{info_batch, GatherFunction, InfoFunction, LoaderExec, LoaderFunction, LoaderTable};
+pub use sink::{plan_columns, writer_options, ZrecordFormat, ZrecordFormatFactory, ZrecordTableFactory};
+pub use table::{Selection, ZrecordScanExec, ZrecordTable, ID_COLUMN};
+
+/// A zrecord error as a DataFusion error (kept whole, so callers can downcast it back).
+pub fn df_err(e: crate::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// The zrecord error inside a DataFusion error, if that is what it is.
+pub fn zrecord_error(e: &DataFusionError) -> Option<&crate::Error> {
+    let mut cur: &DataFusionError = e;
+    loop {
+        match cur {
+            DataFusionError::External(b) => return b.downcast_ref::<crate::Error>(),
+            DataFusionError::Context(_, inner) => cur = inner,
+            DataFusionError::Shared(inner) => cur = inner,
+            DataFusionError::Diagnostic(_, inner) => cur = inner,
+            DataFusionError::ArrowError(a, _) => {
+                if let arrow_schema::ArrowError::ExternalError(b) = a.as_ref() {
+                    if let Some(d) = b.downcast_ref::<DataFusionError>() {
+                        cur = d;
+                        continue;
+                    }
+                    return b.downcast_ref::<crate::Error>();
+                }
+                return None;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Add zrecord's table factory, file format and table functions to a context.
+pub fn register_zrecord_extension(ctx: &SessionContext) -> datafusion::error::Result<()> {
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        state.table_factories_mut().insert("ZRECORD".into(), Arc::new(ZrecordTableFactory));
+        state.table_factories_mut().insert("ZREC".into(), Arc::new(ZrecordTableFactory));
+        state.register_file_format(Arc::new(ZrecordFormatFactory::new("zrecord")), true)?;
+        state.register_file_format(Arc::new(ZrecordFormatFactory::new("zrec")), true)?;
+    }
+    ctx.register_udtf("gather", Arc::new(GatherFunction));
+    ctx.register_udtf("zrecord_info", Arc::new(InfoFunction));
+    ctx.register_udtf("loader", Arc::new(LoaderFunction));
+    Ok(())
+}
+
+/// A new context with DataFusion's defaults plus the zrecord extension.
+pub fn zrecord_context() -> SessionContext {
+    zrecord_context_with_config(SessionConfig::new())
+}
+
+/// [`zrecord_context`] with a given configuration.
+pub fn zrecord_context_with_config(config: SessionConfig) -> SessionContext {
+    let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
+    let ctx = SessionContext::new_with_state(state);
+    // Registering into a fresh state cannot clash with anything.
+    let _ = register_zrecord_extension(&ctx);
+    ctx
+}
+
+/// `ctx.register_zrecord(name, path)`.
+pub trait SessionContextExt {
+    /// Register the store or dataset root at `path` as table `name`.
+    fn register_zrecord(&self, name: &str, path: impl AsRef<std::path::Path>) -> datafusion::error::Result<()>;
+}
+
+impl SessionContextExt for SessionContext {
+    fn register_zrecord(&self, name: &str, path: impl AsRef<std::path::Path>) -> datafusion::error::Result<()> {
+        let table = ZrecordTable::open(path).map_err(df_err)?;
+        self.register_table(name, Arc::new(table))?;
+        Ok(())
+    }
+}

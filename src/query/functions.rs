@@ -1,0 +1,406 @@
+//! Table functions: `gather('t', [ids])`, `zrecord_info('t')` and
+//! `loader('t', batch_size, mode, seed [, steps])`.
+//!
+//! The first argument names a registered zrecord table, or else is a path to a store or
+//! dataset root.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, Float64Array, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result as DfResult, ScalarValue, Statistics, TableReference};
+use datafusion::datasource::{MemTable, TableProvider, TableType};
+use datafusion::execution::session_state::SessionState;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
+};
+
+use crate::arrow::{column_from_dense, column_from_ragged, Logical};
+use crate::error::{Error, Result};
+use crate::loader::{IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView, Value};
+use crate::query::df_err;
+use crate::query::table::{ZrecordTable, ID_COLUMN};
+use crate::store::Store;
+
+fn arg_err(func: &str, msg: impl fmt::Display) -> datafusion::error::DataFusionError {
+    df_err(Error::invalid("argument", format!("{func}: {msg}")))
+}
+
+fn literal<'a>(func: &str, args: &'a [Expr], i: usize, what: &str) -> DfResult<&'a ScalarValue> {
+    match args.get(i) {
+        Some(Expr::Literal(v, _)) => Ok(v),
+        Some(e) => Err(arg_err(func, format!("argument {} ({what}) must be a constant, got {e}", i + 1))),
+        None => Err(arg_err(func, format!("missing argument {} ({what})", i + 1))),
+    }
+}
+
+fn string_arg(func: &str, args: &[Expr], i: usize, what: &str) -> DfResult<String> {
+    match literal(func, args, i, what)? {
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => Ok(s.clone()),
+        v => Err(arg_err(func, format!("argument {} ({what}) must be a string, got {v}", i + 1))),
+    }
+}
+
+fn int_arg(func: &str, args: &[Expr], i: usize, what: &str) -> DfResult<i64> {
+    let v = literal(func, args, i, what)?;
+    match v.cast_to(&DataType::Int64) {
+        Ok(ScalarValue::Int64(Some(x))) if v.data_type().is_integer() => Ok(x),
+        _ => Err(arg_err(func, format!("argument {} ({what}) must be an integer, got {v}", i + 1))),
+    }
+}
+
+/// The zrecord table a name refers to: a registered table, else a path.
+fn resolve_table(func: &str, session: &dyn Session, name: &str) -> DfResult<ZrecordTable> {
+    if let Some(state) = session.as_any().downcast_ref::<SessionState>() {
+        let reference = TableReference::from(name);
+        if let Ok(schema) = state.schema_for_ref(reference.clone()) {
+            let found = futures::executor::block_on(schema.table(reference.table()))?;
+            if let Some(t) = found {
+                return match t.downcast_ref::<ZrecordTable>() {
+                    Some(z) => Ok(z.clone()),
+                    None => Err(arg_err(func, format!("table '{name}' is not a zrecord table"))),
+                };
+            }
+        }
+    }
+    let path = std::path::Path::new(name);
+    if path.exists() {
+        return ZrecordTable::open(path).map_err(df_err);
+    }
+    Err(arg_err(func, format!("'{name}' is neither a registered zrecord table nor a store / dataset path")))
+}
+
+/// `gather('t', [ids])`: the rows of those ids in the given order, duplicates kept.
+#[derive(Debug, Default)]
+pub struct GatherFunction;
+
+impl TableFunctionImpl for GatherFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        const F: &str = "gather";
+        let exprs = args.exprs();
+        if exprs.len() != 2 {
+            return Err(arg_err(F, "expects (table, [ids...])"));
+        }
+        let table = resolve_table(F, args.session(), &string_arg(F, exprs, 0, "table")?)?;
+        let ids = match literal(F, exprs, 1, "ids")? {
+            ScalarValue::List(l) => ids_from_array(l.values())?,
+            ScalarValue::LargeList(l) => ids_from_array(l.values())?,
+            ScalarValue::FixedSizeList(l) => ids_from_array(l.values())?,
+            v if v.data_type().is_integer() => vec![int_arg(F, exprs, 1, "ids")?.try_into().map_err(|_| arg_err(F, "ids must be >= 0"))?],
+            v => return Err(arg_err(F, format!("ids must be a list of integers, got {v}"))),
+        };
+        Ok(Arc::new(table.gather(ids).map_err(df_err)?))
+    }
+}
+
+fn ids_from_array(a: &ArrayRef) -> DfResult<Vec<u64>> {
+    if a.data_type() == &DataType::Null && a.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !a.data_type().is_integer() {
+        return Err(arg_err("gather", format!("ids must be integers, got {}", a.data_type())));
+    }
+    if a.null_count() > 0 {
+        return Err(arg_err("gather", "ids contain NULL"));
+    }
+    let c = datafusion::arrow::compute::cast(a, &DataType::Int64)?;
+    let c = c.as_any().downcast_ref::<arrow_array::Int64Array>().ok_or_else(|| arg_err("gather", "ids"))?;
+    c.values()
+        .iter()
+        .map(|&v| u64::try_from(v).map_err(|_| df_err(Error::invalid("argument", format!("gather: id {v} is negative")))))
+        .collect()
+}
+
+/// `zrecord_info('t')`: one row per stream describing its store.
+#[derive(Debug, Default)]
+pub struct InfoFunction;
+
+impl TableFunctionImpl for InfoFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        const F: &str = "zrecord_info";
+        if args.exprs().len() != 1 {
+            return Err(arg_err(F, "expects (table or path)"));
+        }
+        let table = resolve_table(F, args.session(), &string_arg(F, args.exprs(), 0, "table")?)?;
+        let batch = info_batch(&table).map_err(df_err)?;
+        Ok(Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))
+    }
+}
+
+/// The metadata of every stream of a table as one batch.
+pub fn info_batch(table: &ZrecordTable) -> Result<RecordBatch> {
+    let ds = table.dataset();
+    let mut cols: [Vec<String>; 7] = Default::default();
+    let (mut records, mut shards, mut raw, mut stored, mut files, mut ratio, mut level) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for s in ds.streams() {
+        let st = s.store.stats();
+        let (kind, shape) = match &s.store {
+            Store::Dense(d) => ("dense", format!("{:?}", d.item_shape())),
+            Store::Ragged(r) => ("ragged", format!("ndim {}", r.ndim())),
+        };
+        let arrow_type = s.layout().field(&s.name)?.data_type().to_string();
+        for (c, v) in cols.iter_mut().zip([
+            s.name.clone(),
+            kind.to_string(),
+            s.store.dtype().to_string(),
+            shape,
+            s.logical.name().to_string(),
+            s.store.codec().name().to_string(),
+            arrow_type,
+        ]) {
+            c.push(v);
+        }
+        records.push(s.store.len());
+        shards.push(st.data_shards);
+        raw.push(st.raw_bytes);
+        stored.push(st.stored_bytes);
+        files.push(st.file_bytes);
+        ratio.push(st.compression_ratio());
+        level.push(st.level);
+    }
+    let paths: Vec<String> = ds.streams().iter().map(|s| s.store.path().display().to_string()).collect();
+    let str_col = |v: &Vec<String>| Arc::new(StringArray::from(v.clone())) as ArrayRef;
+    let names = ["stream", "kind", "dtype", "shape", "logical", "codec", "arrow_type"];
+    let mut fields: Vec<Field> = names.iter().map(|n| Field::new(*n, DataType::Utf8, false)).collect();
+    let mut arrays: Vec<ArrayRef> = cols.iter().map(str_col).collect();
+    for (name, dt, arr) in [
+        ("level", DataType::Int32, Arc::new(Int32Array::from(level)) as ArrayRef),
+        ("records", DataType::UInt64, Arc::new(UInt64Array::from(records))),
+        ("data_shards", DataType::UInt32, Arc::new(UInt32Array::from(shards))),
+        ("raw_bytes", DataType::UInt64, Arc::new(UInt64Array::from(raw))),
+        ("stored_bytes", DataType::UInt64, Arc::new(UInt64Array::from(stored))),
+        ("file_bytes", DataType::UInt64, Arc::new(UInt64Array::from(files))),
+        ("compression_ratio", DataType::Float64, Arc::new(Float64Array::from(ratio))),
+        ("path", DataType::Utf8, str_col(&paths)),
+    ] {
+        fields.push(Field::new(name, dt, false));
+        arrays.push(arr);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| Error::invalid("arrow", e.to_string()))
+}
+
+/// `loader('t', batch_size, mode, seed [, steps])`: one batch per sampler step.
+#[derive(Debug, Default)]
+pub struct LoaderFunction;
+
+impl TableFunctionImpl for LoaderFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        const F: &str = "loader";
+        let e = args.exprs();
+        if !(4..=5).contains(&e.len()) {
+            return Err(arg_err(F, "expects (table, batch_size, mode, seed [, steps])"));
+        }
+        let table = resolve_table(F, args.session(), &string_arg(F, e, 0, "table")?)?;
+        let batch_size = usize::try_from(int_arg(F, e, 1, "batch_size")?).map_err(|_| arg_err(F, "batch_size must be positive"))?;
+        let mode: Mode = string_arg(F, e, 2, "mode")?.parse().map_err(df_err)?;
+        let seed = u64::try_from(int_arg(F, e, 3, "seed")?).map_err(|_| arg_err(F, "seed must be >= 0"))?;
+        let steps = match e.get(4) {
+            Some(_) => Some(u64::try_from(int_arg(F, e, 4, "steps")?).map_err(|_| arg_err(F, "steps must be >= 0"))?),
+            None => None,
+        };
+        // Validates batch_size against the record count and mode now (plan time).
+        Sampler::new(table.dataset().len(), batch_size, mode, seed).map_err(df_err)?;
+        Ok(Arc::new(LoaderTable::new(table, batch_size, mode, seed, steps)?))
+    }
+}
+
+/// The loader as a table: `_step`, `_id`, then one column per stream.
+#[derive(Debug, Clone)]
+pub struct LoaderTable {
+    table: ZrecordTable,
+    schema: SchemaRef,
+    batch_size: usize,
+    mode: Mode,
+    seed: u64,
+    steps: Option<u64>,
+}
+
+impl LoaderTable {
+    fn new(table: ZrecordTable, batch_size: usize, mode: Mode, seed: u64, steps: Option<u64>) -> DfResult<Self> {
+        let base = table.schema();
+        let mut fields = vec![Arc::new(Field::new("_step", DataType::UInt64, false))];
+        fields.extend(base.fields().iter().cloned()); // `_id` first, then streams
+        Ok(LoaderTable { table, schema: Arc::new(Schema::new(fields)), batch_size, mode, seed, steps })
+    }
+}
+
+#[async_trait]
+impl TableProvider for LoaderTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(&self, _state: &dyn Session, projection: Option<&Vec<usize>>, _filters: &[Expr], limit: Option<usize>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..self.schema.fields().len()).collect());
+        // A LIMIT bounds the steps too: no step past the last row needed is gathered.
+        let by_limit = limit.map(|l| (l as u64).div_ceil(self.batch_size as u64));
+        let steps = match (self.steps, by_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(Arc::new(LoaderExec::new(self.clone(), projection, steps)?))
+    }
+}
+
+/// Streams one RecordBatch per sampler step (endless unless `steps` bounds it).
+#[derive(Debug)]
+pub struct LoaderExec {
+    table: LoaderTable,
+    projection: Vec<usize>,
+    schema: SchemaRef,
+    steps: Option<u64>,
+    properties: Arc<PlanProperties>,
+}
+
+impl LoaderExec {
+    fn new(table: LoaderTable, projection: Vec<usize>, steps: Option<u64>) -> DfResult<Self> {
+        let schema = Arc::new(table.schema.project(&projection)?);
+        let bounded = if steps.is_some() { Boundedness::Bounded } else { Boundedness::Unbounded { requires_infinite_memory: false } };
+        let properties = PlanProperties::new(EquivalenceProperties::new(schema.clone()), Partitioning::UnknownPartitioning(1), EmissionType::Incremental, bounded);
+        Ok(LoaderExec { table, projection, schema, steps, properties: Arc::new(properties) })
+    }
+}
+
+impl DisplayAs for LoaderExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let names: Vec<&str> = self.projection.iter().map(|&i| self.table.schema.field(i).name().as_str()).collect();
+        write!(
+            f,
+            "LoaderExec: path={}, batch_size={}, mode={:?}, seed={}, steps={}, columns=[{}]",
+            self.table.table.dataset().path().display(),
+            self.table.batch_size,
+            self.table.mode,
+            self.table.seed,
+            self.steps.map(|s| s.to_string()).unwrap_or_else(|| "endless".into()),
+            names.join(", ")
+        )
+    }
+}
+
+impl ExecutionPlan for LoaderExec {
+    fn name(&self) -> &'static str {
+        "LoaderExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+    }
+
+    fn statistics_from_inputs(&self, _input: &[Arc<Statistics>], _args: &datafusion::physical_plan::statistics::StatisticsArgs) -> DfResult<Arc<Statistics>> {
+        let rows = match self.steps {
+            Some(s) => Precision::Exact((s as usize).saturating_mul(self.table.batch_size)),
+            None => Precision::Absent,
+        };
+        Ok(Arc::new(Statistics::new_unknown(&self.schema).with_num_rows(rows)))
+    }
+
+    fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(df_err(Error::invalid("partition", format!("LoaderExec has one partition, asked for {partition}"))));
+        }
+        let t = &self.table;
+        let sampler = Sampler::new(t.table.dataset().len(), t.batch_size, t.mode, t.seed).map_err(df_err)?;
+        let names: Vec<String> = self.projection.iter().map(|&i| t.schema.field(i).name().clone()).collect();
+        let ds = t.table.dataset();
+        let mut streams = Vec::new();
+        let mut logical = Vec::new();
+        for s in ds.streams() {
+            if !names.contains(&s.name) {
+                continue; // unselected streams are never read
+            }
+            let alloc = crate::memory::Allocator::cpu(256 << 20);
+            let view = match &s.store {
+                Store::Dense(d) => StreamView::Dense(d.bind(&alloc)),
+                Store::Ragged(r) => StreamView::Ragged(r.bind(&alloc)),
+            };
+            streams.push((s.name.clone(), vec![view]));
+            logical.push((s.name.clone(), s.logical));
+        }
+        let schema = self.schema.clone();
+        let steps = self.steps;
+        let iter: Box<dyn Iterator<Item = DfResult<RecordBatch>> + Send> = if streams.is_empty() {
+            // Only `_step` / `_id`: the sampler alone, nothing is read.
+            let mut step = 0u64;
+            Box::new(std::iter::from_fn(move || {
+                if steps.is_some_and(|s| step >= s) {
+                    return None;
+                }
+                let ids = sampler.batch(step);
+                let shard = Shard { step, ids, values: vec![] };
+                step += 1;
+                Some(step_batch(&schema, &names, &logical, shard).map_err(df_err))
+            }))
+        } else {
+            let options = LoaderOptions { workers: 0, prefetch: 1, rank: 0, world_size: 1 };
+            let (schema2, names2, logical2) = (schema.clone(), names.clone(), logical.clone());
+            let mut loader = Loader::with_transform(streams, IdSource::Stateless(sampler), options, move |_, mut shards: Vec<Shard>| {
+                let shard = shards.pop().ok_or_else(|| Error::invalid("loader", "no shard"))?;
+                step_batch(&schema2, &names2, &logical2, shard)
+            })
+            .map_err(df_err)?;
+            let mut done = 0u64;
+            Box::new(std::iter::from_fn(move || {
+                if steps.is_some_and(|s| done >= s) {
+                    return None;
+                }
+                done += 1;
+                match loader.next_step()? {
+                    Ok(r) => Some(r.map_err(df_err)),
+                    Err(e) => Some(Err(df_err(e))),
+                }
+            }))
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), futures::stream::iter(iter))))
+    }
+}
+
+fn step_batch(schema: &SchemaRef, names: &[String], logical: &[(String, Logical)], shard: Shard) -> Result<RecordBatch> {
+    let n = shard.ids.len();
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(names.len());
+    for name in names {
+        cols.push(match name.as_str() {
+            "_step" => Arc::new(UInt64Array::from(vec![shard.step; n])),
+            ID_COLUMN => Arc::new(UInt64Array::from(shard.ids.clone())),
+            _ => {
+                let v = &shard.values.iter().find(|(s, _)| s == name).ok_or_else(|| Error::invalid("loader", format!("stream '{name}' missing")))?.1;
+                let lg = logical.iter().find(|(s, _)| s == name).map(|x| x.1).unwrap_or_default();
+                match v {
+                    Value::Dense(t) => column_from_dense(name, t)?.1,
+                    Value::Ragged(b) => column_from_ragged(name, b, lg)?.1,
+                }
+            }
+        });
+    }
+    let opts = arrow_array::RecordBatchOptions::new().with_row_count(Some(n));
+    RecordBatch::try_new_with_options(schema.clone(), cols, &opts).map_err(|e| Error::invalid("arrow", e.to_string()))
+}

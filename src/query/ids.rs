@@ -1,0 +1,299 @@
+//! Id selections and the `_id` filters that push down into a scan exactly.
+//!
+//! A filter that only involves `_id` and integer literals (`=`, `!=`, `<`, `<=`, `>`, `>=`,
+//! `BETWEEN`, `IN`, `IS [NOT] NULL`, combined with `AND` / `OR` / `NOT`) becomes an [`IdSet`]: sorted,
+//! disjoint id ranges within `[0, n)`. The scan reads exactly those records.
+
+use std::fmt;
+use std::ops::Range;
+
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
+
+/// Sorted, disjoint, non-adjacent id ranges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdSet {
+    ranges: Vec<Range<u64>>,
+}
+
+impl IdSet {
+    /// `[0, n)`.
+    pub fn all(n: u64) -> IdSet {
+        IdSet::from_ranges(vec![0..n])
+    }
+
+    /// No ids.
+    pub fn empty() -> IdSet {
+        IdSet { ranges: Vec::new() }
+    }
+
+    /// Normalise any ranges (sorted, merged, empty ones dropped).
+    pub fn from_ranges(mut ranges: Vec<Range<u64>>) -> IdSet {
+        ranges.retain(|r| r.start < r.end);
+        ranges.sort_by_key(|r| r.start);
+        let mut out: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            match out.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => out.push(r),
+            }
+        }
+        IdSet { ranges: out }
+    }
+
+    /// The ranges.
+    pub fn ranges(&self) -> &[Range<u64>] {
+        &self.ranges
+    }
+
+    /// Number of ids.
+    pub fn count(&self) -> u64 {
+        self.ranges.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// True when `id` is in the set.
+    pub fn contains(&self, id: u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.end <= id);
+        self.ranges.get(i).is_some_and(|r| r.start <= id)
+    }
+
+    /// Ids in both.
+    pub fn intersect(&self, other: &IdSet) -> IdSet {
+        let (mut i, mut j, mut out) = (0, 0, Vec::new());
+        while i < self.ranges.len() && j < other.ranges.len() {
+            let (a, b) = (&self.ranges[i], &other.ranges[j]);
+            let lo = a.start.max(b.start);
+            let hi = a.end.min(b.end);
+            if lo < hi {
+                out.push(lo..hi);
+            }
+            if a.end < b.end {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        IdSet { ranges: out }
+    }
+
+    /// Ids in either.
+    pub fn union(&self, other: &IdSet) -> IdSet {
+        IdSet::from_ranges(self.ranges.iter().chain(other.ranges.iter()).cloned().collect())
+    }
+
+    /// Ids of `[0, n)` not in the set.
+    pub fn complement(&self, n: u64) -> IdSet {
+        let mut out = Vec::with_capacity(self.ranges.len() + 1);
+        let mut at = 0;
+        for r in &self.ranges {
+            if r.start > at {
+                out.push(at..r.start.min(n));
+            }
+            at = r.end;
+        }
+        if at < n {
+            out.push(at..n);
+        }
+        IdSet::from_ranges(out)
+    }
+
+    /// The first `k` ids.
+    pub fn truncate(&self, k: u64) -> IdSet {
+        let mut left = k;
+        let mut out = Vec::new();
+        for r in &self.ranges {
+            if left == 0 {
+                break;
+            }
+            let take = (r.end - r.start).min(left);
+            out.push(r.start..r.start + take);
+            left -= take;
+        }
+        IdSet { ranges: out }
+    }
+
+    /// Split into at most `parts` pieces of nearly equal counts (in id order).
+    pub fn split(&self, parts: usize) -> Vec<IdSet> {
+        let total = self.count();
+        let parts = (parts.max(1) as u64).min(total.max(1));
+        let mut out = Vec::with_capacity(parts as usize);
+        let mut iter = self.ranges.iter().cloned();
+        let mut cur: Option<Range<u64>> = iter.next();
+        for p in 0..parts {
+            let want = total / parts + u64::from(p < total % parts);
+            let mut got = 0;
+            let mut piece = Vec::new();
+            while got < want {
+                let Some(r) = cur.take() else { break };
+                let take = (r.end - r.start).min(want - got);
+                piece.push(r.start..r.start + take);
+                got += take;
+                cur = if r.start + take < r.end { Some(r.start + take..r.end) } else { iter.next() };
+            }
+            out.push(IdSet { ranges: piece });
+        }
+        out
+    }
+}
+
+impl fmt::Display for IdSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 4;
+        write!(f, "[")?;
+        for (i, r) in self.ranges.iter().take(SHOWN).enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            if r.end - r.start == 1 {
+                write!(f, "{}", r.start)?;
+            } else {
+                write!(f, "{}..{}", r.start, r.end)?;
+            }
+        }
+        if self.ranges.len() > SHOWN {
+            write!(f, ", ... {} more ranges", self.ranges.len() - SHOWN)?;
+        }
+        write!(f, "]")
+    }
+}
+
+fn is_id_column(e: &Expr) -> bool {
+    match e {
+        Expr::Column(c) => c.name == "_id",
+        // Casts that keep every id value (ids < 2^63): wider or equal integer / scale-0 decimal.
+        Expr::Cast(c) => {
+            use datafusion::arrow::datatypes::DataType::*;
+            matches!(c.field.data_type(), Int64 | UInt64 | Decimal128(_, 0) | Decimal256(_, 0)) && is_id_column(&c.expr)
+        }
+        _ => false,
+    }
+}
+
+/// An integer literal as i128 (`None` for anything else, NULL included).
+fn int_literal(e: &Expr) -> Option<i128> {
+    let Expr::Literal(v, _) = e else { return None };
+    Some(match v {
+        ScalarValue::Int8(Some(x)) => *x as i128,
+        ScalarValue::Int16(Some(x)) => *x as i128,
+        ScalarValue::Int32(Some(x)) => *x as i128,
+        ScalarValue::Int64(Some(x)) => *x as i128,
+        ScalarValue::UInt8(Some(x)) => *x as i128,
+        ScalarValue::UInt16(Some(x)) => *x as i128,
+        ScalarValue::UInt32(Some(x)) => *x as i128,
+        ScalarValue::UInt64(Some(x)) => *x as i128,
+        ScalarValue::Decimal128(Some(x), _, 0) => *x,
+        _ => return None,
+    })
+}
+
+fn clamp(v: i128, n: u64) -> u64 {
+    v.clamp(0, n as i128) as u64
+}
+
+/// `_id op v` over `[0, n)`.
+fn compare(op: Operator, v: i128, n: u64) -> Option<IdSet> {
+    let r = |lo: i128, hi: i128| IdSet::from_ranges(vec![clamp(lo, n)..clamp(hi, n)]);
+    Some(match op {
+        Operator::Eq => r(v, v + 1),
+        Operator::NotEq => r(v, v + 1).complement(n),
+        Operator::Lt => r(0, v),
+        Operator::LtEq => r(0, v + 1),
+        Operator::Gt => r(v + 1, n as i128),
+        Operator::GtEq => r(v, n as i128),
+        _ => return None,
+    })
+}
+
+fn flip(op: Operator) -> Option<Operator> {
+    Some(match op {
+        Operator::Eq => Operator::Eq,
+        Operator::NotEq => Operator::NotEq,
+        Operator::Lt => Operator::Gt,
+        Operator::LtEq => Operator::GtEq,
+        Operator::Gt => Operator::Lt,
+        Operator::GtEq => Operator::LtEq,
+        _ => return None,
+    })
+}
+
+/// The exact id set a filter selects over `[0, n)`, or `None` when it is not an `_id`-only
+/// filter this scan can answer exactly.
+pub fn id_filter(e: &Expr, n: u64) -> Option<IdSet> {
+    match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => match op {
+            Operator::And => Some(id_filter(left, n)?.intersect(&id_filter(right, n)?)),
+            Operator::Or => Some(id_filter(left, n)?.union(&id_filter(right, n)?)),
+            _ => {
+                if is_id_column(left) {
+                    compare(*op, int_literal(right)?, n)
+                } else if is_id_column(right) {
+                    compare(flip(*op)?, int_literal(left)?, n)
+                } else {
+                    None
+                }
+            }
+        },
+        Expr::Not(inner) => Some(id_filter(inner, n)?.complement(n)),
+        Expr::Between(Between { expr, negated, low, high }) if is_id_column(expr) => {
+            let (lo, hi) = (int_literal(low)?, int_literal(high)?);
+            let s = IdSet::from_ranges(vec![clamp(lo, n)..clamp(hi.saturating_add(1), n)]);
+            Some(if *negated { s.complement(n) } else { s })
+        }
+        Expr::InList(l) if is_id_column(&l.expr) => {
+            let mut ranges = Vec::with_capacity(l.list.len());
+            for v in &l.list {
+                let v = int_literal(v)?;
+                if (0..n as i128).contains(&v) {
+                    ranges.push(v as u64..v as u64 + 1);
+                }
+            }
+            let s = IdSet::from_ranges(ranges);
+            Some(if l.negated { s.complement(n) } else { s })
+        }
+        Expr::IsNotNull(inner) if is_id_column(inner) => Some(IdSet::all(n)),
+        Expr::IsNull(inner) if is_id_column(inner) => Some(IdSet::empty()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::logical_expr::{col, lit};
+
+    #[test]
+    fn set_algebra() {
+        let a = IdSet::from_ranges(vec![5..10, 0..3, 2..4, 10..12]);
+        assert_eq!(a.ranges(), &[0..4, 5..12]);
+        assert_eq!(a.count(), 11);
+        assert!(a.contains(3) && !a.contains(4) && a.contains(11) && !a.contains(12));
+        assert_eq!(a.complement(20).ranges(), &[4..5, 12..20]);
+        let b = IdSet::from_ranges(vec![3..6, 11..30]);
+        assert_eq!(a.intersect(&b).ranges(), &[3..4, 5..6, 11..12]);
+        assert_eq!(a.truncate(6).ranges(), &[0..4, 5..7]);
+        let parts = a.split(3);
+        assert_eq!(parts.iter().map(|p| p.count()).collect::<Vec<_>>(), vec![4, 4, 3]);
+        assert_eq!(parts[1].ranges(), &[5..9]);
+        assert_eq!(IdSet::all(2).split(8).len(), 2);
+        assert_eq!(IdSet::empty().split(4).len(), 1);
+    }
+
+    #[test]
+    fn filters_to_sets() {
+        let n = 100;
+        let f = |e: Expr| id_filter(&e, n).map(|s| s.ranges().to_vec());
+        assert_eq!(f(col("_id").eq(lit(5u64))), Some(vec![5..6]));
+        assert_eq!(f(lit(5i64).lt(col("_id"))), Some(vec![6..100]));
+        assert_eq!(f(col("_id").gt_eq(lit(90i64)).and(col("_id").lt(lit(95i32)))), Some(vec![90..95]));
+        assert_eq!(f(col("_id").in_list(vec![lit(7i64), lit(3i64), lit(7i64), lit(500i64), lit(-1i64)], false)), Some(vec![3..4, 7..8]));
+        assert_eq!(f(col("_id").between(lit(10i64), lit(12i64)).or(col("_id").eq(lit(0i64)))), Some(vec![0..1, 10..13]));
+        assert_eq!(f(col("_id").not_eq(lit(0i64))), Some(vec![1..100]));
+        assert_eq!(f(Expr::Not(Box::new(col("_id").lt(lit(98i64))))), Some(vec![98..100]));
+        assert_eq!(f(col("_id").lt(lit(-3i64))), Some(vec![]));
+        // Not exact: other columns, floats, non-literals.
+        assert_eq!(f(col("label").eq(lit(1i64))), None);
+        assert_eq!(f(col("_id").eq(lit(1.5f64))), None);
+        assert_eq!(f(col("_id").eq(col("label"))), None);
+        assert_eq!(f(col("_id").eq(lit(1i64)).or(col("label").eq(lit(2i64)))), None);
+    }
+}

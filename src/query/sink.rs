@@ -1,0 +1,276 @@
+//! `COPY (query) TO 'path' STORED AS ZRECORD OPTIONS (...)` and
+//! `CREATE EXTERNAL TABLE t STORED AS ZRECORD LOCATION 'path'`.
+//!
+//! COPY writes one stream per column (the virtual `_id` column is not stored: the new root
+//! numbers its records from 0) and publishes the dataset root atomically once every column is
+//! complete. Column types are checked when the statement is planned.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProviderFactory};
+use datafusion::common::{GetExt, Result as DfResult, Statistics};
+use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
+use datafusion::datasource::file_format::{FileFormat, FileFormatFactory};
+use datafusion::datasource::physical_plan::{FileOpener, FileScanConfig, FileSinkConfig, FileSource};
+use datafusion::datasource::sink::{DataSink, DataSinkExec};
+use datafusion::datasource::table_schema::TableSchema;
+use datafusion::datasource::TableProvider;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::CreateExternalTable;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::physical_expr::{LexRequirement, PhysicalExpr};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
+use futures::StreamExt;
+use datafusion::object_store::{ObjectMeta, ObjectStore};
+
+use crate::arrow::ColumnLayout;
+use crate::error::{Error, Result};
+use crate::query::dataset::DatasetWriter;
+use crate::query::table::{ZrecordTable, ID_COLUMN};
+use crate::query::df_err;
+use crate::store::{Codec, WriterOptions};
+
+/// Writer options from `COPY ... OPTIONS (codec 'zstd', level '3', data_shards '4',
+/// dictionary 'path')` (keys may carry DataFusion's `format.` prefix).
+pub fn writer_options(options: &HashMap<String, String>) -> Result<WriterOptions> {
+    let mut w = WriterOptions::default();
+    let mut dict_path = None;
+    for (k, v) in options {
+        let key = k.strip_prefix("format.").unwrap_or(k);
+        match key {
+            "codec" => w.codec = v.trim().parse::<Codec>()?,
+            "level" => w.level = v.trim().parse().map_err(|_| Error::invalid("level", format!("'{v}' is not an integer")))?,
+            "data_shards" => w.data_shards = v.trim().parse().map_err(|_| Error::invalid("data_shards", format!("'{v}' is not a positive integer")))?,
+            "dictionary" => dict_path = Some(v.clone()),
+            other => {
+                return Err(Error::invalid(
+                    "option",
+                    format!("unknown ZRECORD option '{other}' (known: codec, level, data_shards, dictionary)"),
+                ))
+            }
+        }
+    }
+    if let Some(p) = dict_path {
+        w.dictionary = Some(std::fs::read(&p).map_err(|e| Error::io(&p, e))?);
+    }
+    Ok(w)
+}
+
+/// The columns a schema is written as (plan time: a bad type fails here).
+pub fn plan_columns(schema: &arrow_schema::Schema) -> Result<Vec<(String, ColumnLayout)>> {
+    let mut out = Vec::new();
+    for f in schema.fields() {
+        if f.name() == ID_COLUMN {
+            continue;
+        }
+        out.push((f.name().clone(), ColumnLayout::of_field(f)?));
+    }
+    if out.is_empty() {
+        return Err(Error::invalid("columns", "nothing to write: the query has no columns besides _id"));
+    }
+    Ok(out)
+}
+
+/// The `ZRECORD` file type (`STORED AS ZRECORD`; `.zrec` / `.zrecord` targets are detected).
+#[derive(Debug, Default)]
+pub struct ZrecordFormatFactory {
+    ext: &'static str,
+}
+
+impl ZrecordFormatFactory {
+    /// The factory for one extension (`zrecord` or `zrec`).
+    pub fn new(ext: &'static str) -> Self {
+        ZrecordFormatFactory { ext }
+    }
+}
+
+impl GetExt for ZrecordFormatFactory {
+    fn get_ext(&self) -> String {
+        self.ext.to_string()
+    }
+}
+
+impl FileFormatFactory for ZrecordFormatFactory {
+    fn create(&self, _state: &dyn Session, format_options: &HashMap<String, String>) -> DfResult<Arc<dyn FileFormat>> {
+        Ok(Arc::new(ZrecordFormat { options: writer_options(format_options).map_err(df_err)? }))
+    }
+
+    fn default(&self) -> Arc<dyn FileFormat> {
+        Arc::new(ZrecordFormat { options: WriterOptions::default() })
+    }
+}
+
+/// The format object DataFusion plans COPY with.
+#[derive(Debug)]
+pub struct ZrecordFormat {
+    options: WriterOptions,
+}
+
+fn not_a_file() -> datafusion::error::DataFusionError {
+    df_err(Error::invalid(
+        "format",
+        "zrecord stores are folders, not files: read them with CREATE EXTERNAL TABLE ... STORED AS ZRECORD LOCATION '<path>' or register_zrecord",
+    ))
+}
+
+#[async_trait]
+impl FileFormat for ZrecordFormat {
+    fn get_ext(&self) -> String {
+        "zrecord".into()
+    }
+
+    fn get_ext_with_compression(&self, _c: &FileCompressionType) -> DfResult<String> {
+        Ok(self.get_ext())
+    }
+
+    fn compression_type(&self) -> Option<FileCompressionType> {
+        None
+    }
+
+    async fn infer_schema(&self, _state: &dyn Session, _store: &Arc<dyn ObjectStore>, _objects: &[ObjectMeta]) -> DfResult<SchemaRef> {
+        Err(not_a_file())
+    }
+
+    async fn infer_stats(&self, _state: &dyn Session, _store: &Arc<dyn ObjectStore>, _schema: SchemaRef, _object: &ObjectMeta) -> DfResult<Statistics> {
+        Err(not_a_file())
+    }
+
+    async fn create_physical_plan(&self, _state: &dyn Session, _conf: FileScanConfig) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Err(not_a_file())
+    }
+
+    async fn create_writer_physical_plan(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        _state: &dyn Session,
+        conf: FileSinkConfig,
+        _order: Option<LexRequirement>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if !conf.table_partition_cols.is_empty() {
+            return Err(df_err(Error::invalid("partition_by", "PARTITIONED BY is not supported for ZRECORD (a dataset root is one aligned set of streams)")));
+        }
+        let schema = input.schema();
+        let columns = plan_columns(&schema).map_err(df_err)?;
+        let path = local_path(&conf.original_url).map_err(df_err)?;
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return Err(df_err(Error::AlreadyExists { path }));
+        }
+        let sink = ZrecordSink { path, columns, options: self.options.clone(), schema: conf.output_schema.clone() };
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+    }
+
+    fn file_source(&self, table_schema: TableSchema) -> Arc<dyn FileSource> {
+        Arc::new(NoFileSource { table_schema, metrics: ExecutionPlanMetricsSet::new() })
+    }
+}
+
+/// Local paths only for now (`file://` prefixes are accepted).
+fn local_path(url: &str) -> Result<std::path::PathBuf> {
+    let p = url.strip_prefix("file://").unwrap_or(url);
+    if p.contains("://") {
+        return Err(Error::invalid("path", format!("'{url}': only local paths are supported for ZRECORD")));
+    }
+    Ok(std::path::PathBuf::from(p))
+}
+
+/// Listing-table scans of zrecord "files" are refused with a clear message.
+#[derive(Clone)]
+struct NoFileSource {
+    table_schema: TableSchema,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl FileSource for NoFileSource {
+    fn create_file_opener(&self, _os: Arc<dyn ObjectStore>, _c: &FileScanConfig, _p: usize) -> DfResult<Arc<dyn FileOpener>> {
+        Err(not_a_file())
+    }
+
+    fn table_schema(&self) -> &TableSchema {
+        &self.table_schema
+    }
+
+    fn with_batch_size(&self, _batch_size: usize) -> Arc<dyn FileSource> {
+        Arc::new(self.clone())
+    }
+
+    fn metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
+    fn file_type(&self) -> &str {
+        "zrecord"
+    }
+
+    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+}
+
+/// Writes the COPY input into a new dataset root.
+#[derive(Debug)]
+struct ZrecordSink {
+    path: std::path::PathBuf,
+    columns: Vec<(String, ColumnLayout)>,
+    options: WriterOptions,
+    schema: SchemaRef,
+}
+
+impl DisplayAs for ZrecordSink {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cols: Vec<String> = self.columns.iter().map(|(n, l)| format!("{n}: {}", layout_name(l))).collect();
+        write!(f, "ZrecordSink: path={}, codec={}, columns=[{}]", self.path.display(), self.options.codec.name(), cols.join(", "))
+    }
+}
+
+fn layout_name(l: &ColumnLayout) -> String {
+    match l {
+        ColumnLayout::Dense { dtype, item_shape } => format!("dense {dtype} {item_shape:?}"),
+        ColumnLayout::Ragged { dtype, ndim, logical } => format!("ragged {dtype} ndim {ndim} ({})", logical.name()),
+    }
+}
+
+#[async_trait]
+impl DataSink for ZrecordSink {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    async fn write_all(&self, mut data: SendableRecordBatchStream, _context: &Arc<TaskContext>) -> DfResult<u64> {
+        let keep: Vec<usize> = data.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != ID_COLUMN).map(|(i, _)| i).collect();
+        let mut writer = DatasetWriter::create(&self.path, &self.columns, self.options.clone()).map_err(df_err)?;
+        while let Some(batch) = data.next().await {
+            let batch = batch?.project(&keep)?;
+            // CPU work inline, as DataFusion's own operators do; encoding and writing run on
+            // the writer's shard threads.
+            writer.append(&batch).map_err(df_err)?;
+        }
+        let n = writer.len();
+        writer.finish().map_err(df_err)?;
+        Ok(n)
+    }
+}
+
+/// `CREATE EXTERNAL TABLE t STORED AS ZRECORD LOCATION 'path'`.
+#[derive(Debug, Default)]
+pub struct ZrecordTableFactory;
+
+#[async_trait]
+impl TableProviderFactory for ZrecordTableFactory {
+    async fn create(&self, _state: &dyn Session, cmd: &CreateExternalTable) -> DfResult<Arc<dyn TableProvider>> {
+        if !cmd.options.is_empty() {
+            let keys: Vec<&String> = cmd.options.keys().collect();
+            return Err(df_err(Error::invalid("option", format!("ZRECORD tables take no OPTIONS (got {keys:?})"))));
+        }
+        let [location] = &cmd.locations[..] else {
+            return Err(df_err(Error::invalid("location", "a ZRECORD table takes exactly one LOCATION (a store or dataset root)")));
+        };
+        let path = local_path(location).map_err(df_err)?;
+        let table = ZrecordTable::open(&path).map_err(df_err)?;
+        Ok(Arc::new(table))
+    }
+}

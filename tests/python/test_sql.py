@@ -1,0 +1,194 @@
+"""SQL from Python: zrecord.SessionContext, pyarrow / polars interop of query results, pyarrow's
+own tensor extension types in both directions, and datafusion-python FFI registration."""
+
+import numpy as np
+import pytest
+
+import zrecord
+
+pa = pytest.importorskip("pyarrow")
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A dataset root: `image` float32 [2, 3], `label` int64, `tokens` ragged int32, `grid` ragged
+    int16 ndim 2; 12 records."""
+    n = 12
+    images = np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3) / 4
+    labels = np.arange(n, dtype=np.int64) % 3
+    tokens = [np.arange(i % 5 + 1, dtype=np.int32) + 100 * i for i in range(n)]
+    grids = [np.arange((i % 2 + 1) * 2, dtype=np.int16).reshape(i % 2 + 1, 2) + i for i in range(n)]
+    r = tmp_path / "root"
+    with zrecord.DenseWriter(r / "image", np.float32, (2, 3), "zstd") as w:
+        w.append(images)
+    with zrecord.DenseWriter(r / "label", np.int64, ()) as w:
+        w.append(labels)
+    with zrecord.RaggedWriter(r / "tokens", np.int32, 1) as w:
+        w.append(zrecord.RaggedBatch.from_records(tokens))
+    with zrecord.RaggedWriter(r / "grid", np.int16, 2) as w:
+        w.append(zrecord.RaggedBatch.from_records(grids))
+    return r, images, labels, tokens, grids
+
+
+def test_query_to_pyarrow_and_polars(root):
+    path, images, labels, tokens, _ = root
+    ctx = zrecord.SessionContext(target_partitions=2, batch_size=5)
+    ctx.register("t", path)
+    assert ctx.tables() == ["t"]
+    res = ctx.sql("SELECT _id, image, label, tokens FROM t WHERE _id IN (7, 2, 11) ORDER BY _id")
+    assert res.columns == ["_id", "image", "label", "tokens"]
+    table = res.to_arrow()
+    assert table.column("_id").to_pylist() == [2, 7, 11]
+    # pyarrow recognises our fixed_shape_tensor and reads the exact values.
+    img = table.column("image").combine_chunks()
+    assert isinstance(img.type, pa.FixedShapeTensorType)
+    assert list(img.type.shape) == [2, 3]
+    np.testing.assert_array_equal(img.to_numpy_ndarray(), images[[2, 7, 11]])
+    assert table.column("label").to_pylist() == labels[[2, 7, 11]].tolist()
+    assert table.column("tokens").to_pylist() == [tokens[i].tolist() for i in (2, 7, 11)]
+    # Same result through the PyCapsule stream, and into polars.
+    again = pa.table(res)
+    assert again.column("_id").to_pylist() == [2, 7, 11]
+    pl = pytest.importorskip("polars")
+    df = res.to_polars()
+    assert df["label"].to_list() == labels[[2, 7, 11]].tolist()
+    assert pl.from_arrow(pa.RecordBatchReader.from_stream(res).read_all())["_id"].to_list() == [2, 7, 11]
+
+
+def test_variable_shape_tensor_reads_as_pyarrow_extension(root):
+    path, _, _, _, grids = root
+    ctx = zrecord.SessionContext()
+    ctx.register("t", path)
+    t = ctx.sql("SELECT grid FROM gather('t', [3, 0])").to_arrow()
+    col = t.column("grid").combine_chunks()
+    assert isinstance(col.type, pa.VariableShapeTensorType)
+    assert col.type.ndim == 2
+    got = [col[i].to_numpy_ndarray() for i in range(2)]
+    np.testing.assert_array_equal(got[0], grids[3])
+    np.testing.assert_array_equal(got[1], grids[0])
+
+
+def test_copy_pyarrow_tensor_types_in_and_read_back(tmp_path):
+    """pyarrow writes the tensor extension types; we read its metadata, store, and give back
+    types pyarrow reads again with equal values."""
+    arr = np.arange(4 * 2 * 3, dtype=np.float64).reshape(4, 2, 3)
+    fst = pa.FixedShapeTensorArray.from_numpy_ndarray(arr)
+    vst_type = pa.variable_shape_tensor(pa.int32(), 2)
+    grids = [np.arange(a * b, dtype=np.int32).reshape(a, b) for a, b in ((1, 2), (2, 2), (3, 1), (1, 1))]
+    storage = pa.StructArray.from_arrays(
+        [pa.array([g.ravel().tolist() for g in grids], pa.list_(pa.int32())),
+         pa.array([list(g.shape) for g in grids], pa.list_(pa.int32(), 2))],
+        names=["data", "shape"])
+    vst = pa.ExtensionArray.from_storage(vst_type, storage)
+    text = pa.array(["a", "ß", "longer than twelve bytes", "z"])
+    src = pa.table({"x": fst, "g": vst, "s": text, "n": pa.array([1.5, 2.5, 3.5, 4.5])})
+    ctx = zrecord.SessionContext()
+    ctx.register_arrow("src", src)
+    out = tmp_path / "conv"
+    r = ctx.sql(f"COPY src TO '{out}' STORED AS ZRECORD OPTIONS (codec 'zstd')").to_arrow()
+    assert r.column(0).to_pylist() == [4]
+    ctx.register("back", out)
+    back = ctx.sql("SELECT * FROM back ORDER BY _id").to_arrow()
+    x = back.column("x").combine_chunks()
+    assert isinstance(x.type, pa.FixedShapeTensorType)
+    np.testing.assert_array_equal(x.to_numpy_ndarray(), arr)
+    g = back.column("g").combine_chunks()
+    assert isinstance(g.type, pa.VariableShapeTensorType)
+    for i, want in enumerate(grids):
+        np.testing.assert_array_equal(g[i].to_numpy_ndarray(), want)
+    assert back.column("s").type == pa.string_view()
+    assert back.column("s").to_pylist() == text.to_pylist()
+    assert back.column("n").to_pylist() == [1.5, 2.5, 3.5, 4.5]
+    info = ctx.sql("SELECT stream, kind, dtype, shape, logical FROM zrecord_info('back')").to_arrow().to_pylist()
+    assert info == [
+        {"stream": "x", "kind": "dense", "dtype": "float64", "shape": "[2, 3]", "logical": "tensor"},
+        {"stream": "g", "kind": "ragged", "dtype": "int32", "shape": "ndim 2", "logical": "tensor"},
+        {"stream": "s", "kind": "ragged", "dtype": "uint8", "shape": "ndim 1", "logical": "utf8"},
+        {"stream": "n", "kind": "dense", "dtype": "float64", "shape": "[]", "logical": "tensor"},
+    ]
+    # The stored streams are ordinary stores: read them with the store API too.
+    s = zrecord.open(out / "000-x").bind(zrecord.Allocator())
+    np.testing.assert_array_equal(np.from_dlpack(s[[3, 0]]), arr[[3, 0]])
+
+
+def test_polars_frame_converts_through_sql(tmp_path):
+    pl = pytest.importorskip("polars")
+    df = pl.DataFrame({"tokens": [[1, 2], [3], [4, 5, 6]], "label": [0, 1, 0]})
+    ctx = zrecord.SessionContext()
+    ctx.register_arrow("src", df)
+    ctx.sql(f"COPY src TO '{tmp_path / 'p'}' STORED AS ZRECORD")
+    ctx.register("p", tmp_path / "p")
+    back = ctx.sql("SELECT tokens, label FROM p ORDER BY _id").to_polars()
+    assert back["tokens"].to_list() == [[1, 2], [3], [4, 5, 6]]
+    assert back["label"].to_list() == [0, 1, 0]
+
+
+def test_loader_query_streams_steps(root):
+    path, _, labels, _, _ = root
+    ctx = zrecord.SessionContext()
+    ctx.register("t", path)
+    res = ctx.sql("SELECT _step, _id, label FROM loader('t', 4, 'cyclic', 9) LIMIT 12")
+    t = res.to_arrow()
+    assert t.num_rows == 12
+    ids = np.array(t.column("_id").to_pylist())
+    s = zrecord.Sampler(12, 4, "cyclic", 9)
+    want = np.concatenate([np.asarray(s.batch(k)) for k in range(3)])
+    np.testing.assert_array_equal(ids, want)
+    assert sorted(ids.tolist()) == list(range(12))  # one cycle: a permutation
+    np.testing.assert_array_equal(np.array(t.column("label").to_pylist()), labels[ids])
+    # The stream reads incrementally: the first batch arrives without draining an endless loader.
+    reader = pa.RecordBatchReader.from_stream(ctx.sql("SELECT _id FROM loader('t', 4, 'iid', 1)"))
+    first = reader.read_next_batch()
+    assert first.num_rows == 4
+
+
+def test_errors_map_to_python_exceptions(root, tmp_path):
+    path = root[0]
+    ctx = zrecord.SessionContext()
+    ctx.register("t", path)
+    with pytest.raises(FileNotFoundError):
+        ctx.register("nope", tmp_path / "missing")
+    with pytest.raises(IndexError, match="index 12 out of range"):
+        ctx.sql("SELECT * FROM gather('t', [12])")
+    with pytest.raises(FileExistsError):
+        ctx.sql(f"COPY (SELECT label FROM t) TO '{path}' STORED AS ZRECORD")
+    with pytest.raises(ValueError, match="has a null at row 1"):
+        ctx.sql(f"COPY (SELECT * FROM (VALUES (1), (NULL)) AS v(x)) TO '{tmp_path / 'n'}' STORED AS ZRECORD")
+    assert not (tmp_path / "n").exists()
+    with pytest.raises(ValueError):
+        ctx.sql("SELEC nonsense")
+    with pytest.raises(ValueError):
+        zrecord.SessionContext(batch_size=0)
+    with pytest.raises(TypeError):
+        ctx.register_arrow("x", 42)
+
+
+def test_explain_shows_pushdown(root):
+    ctx = zrecord.SessionContext()
+    ctx.register("t", root[0])
+    plan = ctx.sql("SELECT label FROM t WHERE _id BETWEEN 2 AND 4").explain()
+    assert "ZrecordScanExec" in plan
+    assert "ids=[2..5] (3 of 12)" in plan
+    assert "streams=[label]" in plan
+
+
+def test_table_registers_in_datafusion_python(root):
+    datafusion = pytest.importorskip("datafusion")
+    path, images, labels, tokens, _ = root
+    table = zrecord.Table(path)
+    assert len(table) == 12
+    assert table.columns == ["_id", "grid", "image", "label", "tokens"]
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", table)
+    got = ctx.sql("SELECT _id, label, tokens FROM t WHERE _id IN (1, 5) ORDER BY _id").to_arrow_table()
+    assert got.column("_id").to_pylist() == [1, 5]
+    assert got.column("label").to_pylist() == labels[[1, 5]].tolist()
+    assert got.column("tokens").to_pylist() == [tokens[1].tolist(), tokens[5].tolist()]
+    # Same rows as zrecord's own context.
+    zctx = zrecord.SessionContext()
+    zctx.register("t", path)
+    ours = zctx.sql("SELECT _id, label FROM t WHERE label = 2 ORDER BY _id").to_arrow()
+    theirs = ctx.sql("SELECT _id, label FROM t WHERE label = 2 ORDER BY _id").to_arrow_table()
+    assert ours.to_pylist() == theirs.to_pylist()
+    img = ctx.sql("SELECT image FROM t WHERE _id = 3").to_arrow_table().column("image").combine_chunks()
+    np.testing.assert_array_equal(np.asarray(img.storage.flatten()).reshape(-1, 2, 3), images[[3]])

@@ -1,0 +1,306 @@
+//! DataFusion integration: Arrow type mapping round trips, pushdown proven by read counters,
+//! EXPLAIN, COPY atomicity, loader determinism against the Sampler.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BinaryArray, BooleanArray, FixedSizeListArray, Float32Array, Int32Array, Int64Array, LargeListArray,
+    LargeStringArray, ListArray, RecordBatch, StringArray, StringViewArray, StructArray, UInt16Array,
+};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, Fields, Int32Type, Schema};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use zrecord::arrow::{ColumnLayout, Logical};
+use zrecord::loader::{Mode, Sampler};
+use zrecord::prelude::*;
+use zrecord::query::{zrecord_context, zrecord_context_with_config, zrecord_error, Dataset, SessionContextExt, ZrecordTable};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn fmt_col(a: &dyn Array) -> Vec<String> {
+    let f = ArrayFormatter::try_new(a, &FormatOptions::default()).unwrap();
+    (0..a.len()).map(|i| f.value(i).to_string()).collect()
+}
+
+async fn collect(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+    ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn column(batches: &[RecordBatch], name: &str) -> Vec<String> {
+    batches.iter().flat_map(|b| fmt_col(b.column_by_name(name).unwrap().as_ref())).collect()
+}
+
+fn ext_field(name: &str, dt: DataType, ext: &str, meta: &str) -> Field {
+    Field::new(name, dt, false).with_metadata(HashMap::from([
+        ("ARROW:extension:name".to_string(), ext.to_string()),
+        ("ARROW:extension:metadata".to_string(), meta.to_string()),
+    ]))
+}
+
+/// Every supported Arrow column type, written by COPY and read back: values equal (compared
+/// through Arrow's own formatter), layouts as specified, offsets of sliced inputs honoured.
+#[test]
+fn arrow_types_round_trip_through_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 5usize;
+    let fsl_field = Arc::new(Field::new_list_field(DataType::Float32, false));
+    let fst_values = Float32Array::from((0..(n * 6) as i32).map(|x| x as f32 * 0.5).collect::<Vec<_>>());
+    let fst = FixedSizeListArray::new(fsl_field.clone(), 6, Arc::new(fst_values), None);
+    // Nested fixed-size lists: [n, 2, 3] int32.
+    let inner = FixedSizeListArray::new(Arc::new(Field::new_list_field(DataType::Int32, false)), 3, Arc::new(Int32Array::from((0..(n * 6) as i32).collect::<Vec<_>>())), None);
+    let nested = FixedSizeListArray::new(Arc::new(Field::new_list_field(inner.data_type().clone(), false)), 2, Arc::new(inner), None);
+    // A sliced list (offsets not starting at 0) and a LargeList.
+    let big = ListArray::from_iter_primitive::<Int32Type, _, _>((0..n + 2).map(|i| Some((0..=i as i32).map(Some).collect::<Vec<_>>())));
+    let sliced = big.slice(2, n);
+    let large = LargeListArray::new(
+        Arc::new(Field::new_list_field(DataType::UInt16, false)),
+        OffsetBuffer::from_lengths([1, 2, 3, 1, 2]),
+        Arc::new(UInt16Array::from((0..9u16).collect::<Vec<_>>())),
+        None,
+    );
+    // variable_shape_tensor: {data: List<f32>, shape: FixedSizeList<int32, 2>}.
+    let shapes = [[1, 2], [2, 2], [1, 1], [3, 1], [1, 3]];
+    let data = ListArray::new(
+        Arc::new(Field::new_list_field(DataType::Float32, false)),
+        OffsetBuffer::from_lengths(shapes.iter().map(|s| (s[0] * s[1]) as usize)),
+        Arc::new(Float32Array::from((0..2 + 4 + 1 + 3 + 3).map(|x| x as f32).collect::<Vec<_>>())),
+        None,
+    );
+    let shape = FixedSizeListArray::new(
+        Arc::new(Field::new_list_field(DataType::Int32, false)),
+        2,
+        Arc::new(Int32Array::from(shapes.iter().flatten().copied().collect::<Vec<_>>())),
+        None,
+    );
+    let vst_fields = Fields::from(vec![Field::new("data", data.data_type().clone(), false), Field::new("shape", shape.data_type().clone(), false)]);
+    let vst = StructArray::new(vst_fields.clone(), vec![Arc::new(data) as ArrayRef, Arc::new(shape)], None);
+    let words = ["a", "bb", "héllo", "a string longer than twelve", "z"];
+    let columns: Vec<(Field, ArrayRef)> = vec![
+        (Field::new("i64", DataType::Int64, false), Arc::new(Int64Array::from(vec![-3i64, 0, 7, i64::MAX, i64::MIN]))),
+        (Field::new("flag", DataType::Boolean, false), Arc::new(BooleanArray::from(vec![true, false, true, true, false]))),
+        // arrow-rs writes `permutations`; accepted on read like the spec's `permutation`.
+        (
+            ext_field("fst", fst.data_type().clone(), "arrow.fixed_shape_tensor", r#"{"shape":[2,3],"dim_names":null,"permutations":[0,1]}"#),
+            Arc::new(fst),
+        ),
+        (Field::new("nested", nested.data_type().clone(), false), Arc::new(nested)),
+        (Field::new("sliced", sliced.data_type().clone(), false), Arc::new(sliced)),
+        (Field::new("large", large.data_type().clone(), false), Arc::new(large)),
+        (ext_field("vst", DataType::Struct(vst_fields), "arrow.variable_shape_tensor", r#"{"permutation":[0,1]}"#), Arc::new(vst)),
+        (Field::new("s", DataType::Utf8, false), Arc::new(StringArray::from(words.to_vec()))),
+        (Field::new("ls", DataType::LargeUtf8, false), Arc::new(LargeStringArray::from(words.to_vec()))),
+        (Field::new("sv", DataType::Utf8View, false), Arc::new(StringViewArray::from(words.to_vec()))),
+        (Field::new("bin", DataType::Binary, false), Arc::new(BinaryArray::from(vec![&b"\x00"[..], b"\x01\x02", b"x", b"yy", b"\xff"]))),
+    ];
+    let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns.into_iter().unzip();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), arrays).unwrap();
+    // Layouts decided from the schema alone.
+    let layouts: Vec<ColumnLayout> = schema.fields().iter().map(|f| ColumnLayout::of_field(f).unwrap()).collect();
+    assert_eq!(layouts[0], ColumnLayout::Dense { dtype: DType::Int64, item_shape: vec![] });
+    assert_eq!(layouts[1], ColumnLayout::Dense { dtype: DType::Bool, item_shape: vec![] });
+    assert_eq!(layouts[2], ColumnLayout::Dense { dtype: DType::Float32, item_shape: vec![2, 3] });
+    assert_eq!(layouts[3], ColumnLayout::Dense { dtype: DType::Int32, item_shape: vec![2, 3] });
+    assert_eq!(layouts[5], ColumnLayout::Ragged { dtype: DType::UInt16, ndim: 1, logical: Logical::Tensor });
+    assert_eq!(layouts[6], ColumnLayout::Ragged { dtype: DType::Float32, ndim: 2, logical: Logical::Tensor });
+    assert_eq!(layouts[9], ColumnLayout::Ragged { dtype: DType::UInt8, ndim: 1, logical: Logical::Utf8 });
+    assert_eq!(layouts[10], ColumnLayout::Ragged { dtype: DType::UInt8, ndim: 1, logical: Logical::Binary });
+
+    let rt = rt();
+    rt.block_on(async {
+        let ctx = zrecord_context();
+        // Two batches, the second sliced, so appends continue and offsets are honoured.
+        let b1 = batch.slice(0, 2);
+        let b2 = batch.slice(2, 3);
+        ctx.register_table("src", Arc::new(MemTable::try_new(schema.clone(), vec![vec![b1, b2]]).unwrap())).unwrap();
+        let out = dir.path().join("all");
+        let q = format!("COPY src TO '{}' STORED AS ZRECORD OPTIONS (codec 'zstd')", out.display());
+        let r = collect(&ctx, &q).await;
+        assert_eq!(column(&r, "count"), vec!["5"]);
+        ctx.register_zrecord("back", &out).unwrap();
+        let got = collect(&ctx, "SELECT * FROM back ORDER BY _id").await;
+        let got = datafusion::arrow::compute::concat_batches(&got[0].schema(), &got).unwrap();
+        for (i, f) in schema.fields().iter().enumerate() {
+            let want = fmt_col(batch.column(i).as_ref());
+            let have = fmt_col(got.column_by_name(f.name()).unwrap().as_ref());
+            let want: Vec<String> = match f.name().as_str() {
+                // bool reads back as arrow.bool8 (int8 storage).
+                "flag" => want.iter().map(|v| if v == "true" { "1".into() } else { "0".into() }).collect(),
+                // Nested fixed-size lists read back as one fixed_shape_tensor (row-major, flat storage).
+                "nested" => want.iter().map(|v| v.replace("], [", ", ").replace("[[", "[").replace("]]", "]")).collect(),
+                _ => want,
+            };
+            assert_eq!(have, want, "column {}", f.name());
+        }
+        // Read-back types: 0-D primitive, fixed_shape_tensor, List, variable_shape_tensor, Utf8View, Binary.
+        let s = got.schema();
+        assert_eq!(s.field_with_name("i64").unwrap().data_type(), &DataType::Int64);
+        let fst = s.field_with_name("fst").unwrap();
+        assert_eq!(fst.metadata()["ARROW:extension:name"], "arrow.fixed_shape_tensor");
+        assert_eq!(fst.metadata()["ARROW:extension:metadata"], r#"{"shape":[2,3]}"#);
+        assert!(matches!(s.field_with_name("large").unwrap().data_type(), DataType::List(_)));
+        assert_eq!(s.field_with_name("vst").unwrap().metadata()["ARROW:extension:name"], "arrow.variable_shape_tensor");
+        assert_eq!(s.field_with_name("ls").unwrap().data_type(), &DataType::Utf8View);
+        assert_eq!(s.field_with_name("bin").unwrap().data_type(), &DataType::Binary);
+        // Our read-back schema maps to the same layouts (a second COPY is the identity).
+        for f in s.fields().iter().filter(|f| f.name() != "_id") {
+            let i = schema.index_of(f.name()).unwrap();
+            assert_eq!(ColumnLayout::of_field(f).unwrap(), layouts[i], "{}", f.name());
+        }
+    });
+}
+
+#[test]
+fn unsupported_types_fail_at_plan_time_naming_the_column() {
+    let bad = [
+        Field::new("d", DataType::Date32, false),
+        Field::new("m", DataType::Struct(Fields::from(vec![Field::new("x", DataType::Int32, false)])), false),
+        Field::new("ll", DataType::List(Arc::new(Field::new_list_field(DataType::List(Arc::new(Field::new_list_field(DataType::Int32, false))), false))), false),
+        ext_field("p", DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::Float32, false)), 6), "arrow.fixed_shape_tensor", r#"{"shape":[2,3],"permutation":[1,0]}"#),
+        ext_field("w", DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::Float32, false)), 6), "arrow.fixed_shape_tensor", r#"{"shape":[4,2]}"#),
+    ];
+    for f in &bad {
+        let e = ColumnLayout::of_field(f).unwrap_err().to_string();
+        assert!(e.contains(&format!("column '{}'", f.name())), "{e}");
+    }
+}
+
+fn dataset(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let root = dir.join("ds");
+    let mut w = DenseWriter::create(root.join("a"), DType::Int64, &[2], WriterOptions::default()).unwrap();
+    w.append_slice(&(0..2 * n as i64).collect::<Vec<_>>()).unwrap();
+    w.finish().unwrap();
+    let mut w = DenseWriter::create(root.join("b"), DType::Int32, &[], WriterOptions::with_codec(Codec::Zstd)).unwrap();
+    w.append_slice(&(0..n as i32).map(|i| i % 10).collect::<Vec<_>>()).unwrap();
+    w.finish().unwrap();
+    root
+}
+
+/// A counting reader: every store counts the records gathered through it.
+#[test]
+fn pushdown_reads_only_selected_records_and_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 1000);
+    let rt = rt();
+    rt.block_on(async {
+        let ctx = zrecord_context_with_config(SessionConfig::new().with_target_partitions(4).with_batch_size(64));
+        let table = Arc::new(ZrecordTable::open(&root).unwrap());
+        ctx.register_table("t", table.clone()).unwrap();
+        let reads = || table.dataset().streams().iter().map(|s| s.store.records_read()).collect::<Vec<_>>();
+
+        let r = collect(&ctx, "SELECT a FROM t WHERE _id IN (500, 3, 7, 3)").await;
+        let mut a = column(&r, "a");
+        a.sort();
+        assert_eq!(a, vec!["[1000, 1001]", "[14, 15]", "[6, 7]"]);
+        assert_eq!(reads(), vec![3, 0], "only 3 records of stream a were read, none of b");
+
+        let r = collect(&ctx, "SELECT _id FROM t WHERE _id BETWEEN 10 AND 29 AND b = 3 ORDER BY _id").await;
+        assert_eq!(column(&r, "_id"), vec!["13", "23"]);
+        assert_eq!(reads(), vec![3, 20], "the _id range bounded the scan of b");
+
+        let r = collect(&ctx, "SELECT b FROM t LIMIT 5").await;
+        assert_eq!(r.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+        assert_eq!(reads(), vec![3, 25], "LIMIT 5 read 5 records");
+
+        let r = collect(&ctx, "SELECT count(*) FROM t").await;
+        assert_eq!(column(&r, "count(*)"), vec!["1000"]);
+        assert_eq!(reads(), vec![3, 25], "COUNT(*) reads nothing");
+
+        let r = collect(&ctx, "SELECT _id FROM t WHERE _id > 990").await;
+        assert_eq!(r.iter().map(|b| b.num_rows()).sum::<usize>(), 9);
+        assert_eq!(reads(), vec![3, 25], "an _id-only projection reads no stream");
+
+        // Full scan: every record once, output batches bounded by batch_size, 4 partitions.
+        let r = collect(&ctx, "SELECT b FROM t").await;
+        assert_eq!(r.iter().map(|b| b.num_rows()).sum::<usize>(), 1000);
+        assert!(r.iter().all(|b| b.num_rows() <= 64));
+        assert_eq!(reads(), vec![3, 1025]);
+
+        // EXPLAIN shows what was pushed down.
+        let r = collect(&ctx, "EXPLAIN SELECT a FROM t WHERE _id IN (3, 7) AND b > 1 LIMIT 10").await;
+        let plan = column(&r, "plan").join("\n");
+        assert!(plan.contains("ZrecordScanExec"), "{plan}");
+        assert!(plan.contains("ids=[3, 7] (2 of 1000)"), "{plan}");
+        assert!(plan.contains("streams=[a, b]"), "{plan}");
+        let r = collect(&ctx, "EXPLAIN SELECT b FROM t LIMIT 10").await;
+        let plan = column(&r, "plan").join("\n");
+        assert!(plan.contains("ids=[0..10] (10 of 1000)") && plan.contains("limit=10"), "{plan}");
+    });
+}
+
+#[test]
+fn copy_failure_publishes_nothing_and_errors_stay_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 50);
+    let rt = rt();
+    rt.block_on(async {
+        let ctx = zrecord_context();
+        ctx.register_zrecord("t", &root).unwrap();
+        // A null half-way through the second column: the error names it, nothing is published,
+        // no temporary folder is left behind.
+        let out = dir.path().join("out");
+        let q = format!("COPY (SELECT a, CASE WHEN _id = 30 THEN NULL ELSE b END AS b FROM t ORDER BY _id) TO '{}' STORED AS ZRECORD", out.display());
+        let e = ctx.sql(&q).await.unwrap().collect().await.unwrap_err();
+        assert!(e.to_string().contains("column 'b' has a null at row 30"), "{e}");
+        assert!(matches!(zrecord_error(&e), Some(Error::InvalidArgument { .. })), "{e:?}");
+        assert!(!out.exists());
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers.len(), 1, "only the source dataset remains: {leftovers:?}");
+        // Existing destination: typed AlreadyExists.
+        let q = format!("COPY (SELECT b FROM t) TO '{}' STORED AS ZRECORD", root.display());
+        let e = ctx.sql(&q).await.unwrap().collect().await.unwrap_err();
+        assert!(matches!(zrecord_error(&e), Some(Error::AlreadyExists { .. })), "{e:?}");
+        // Out-of-range gather: typed IndexOutOfRange.
+        let e = ctx.sql("SELECT * FROM gather('t', [50])").await.unwrap_err();
+        assert!(matches!(zrecord_error(&e), Some(Error::IndexOutOfRange { index: 50, len: 50, .. })), "{e:?}");
+        // A successful COPY reads back equal, in order.
+        let out = dir.path().join("ok");
+        collect(&ctx, &format!("COPY (SELECT a, b FROM t WHERE _id >= 40 ORDER BY _id) TO '{}' STORED AS ZRECORD", out.display())).await;
+        let ds = Dataset::open(&out).unwrap();
+        assert_eq!(ds.len(), 10);
+        assert_eq!(ds.streams().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
+        let alloc = Allocator::cpu(1 << 20);
+        let Store::Dense(b) = &ds.streams()[1].store else { panic!("b is dense") };
+        let all = b.bind(&alloc).read_all().unwrap();
+        assert_eq!(all.as_slice::<i32>().unwrap(), &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    });
+}
+
+#[test]
+fn loader_table_function_matches_the_sampler() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 100);
+    let rt = rt();
+    rt.block_on(async {
+        let ctx = zrecord_context();
+        ctx.register_zrecord("t", &root).unwrap();
+        for (mode, name) in [(Mode::Sequential, "sequential"), (Mode::Iid, "iid"), (Mode::Cyclic, "cyclic")] {
+            let r = collect(&ctx, &format!("SELECT _step, _id, b FROM loader('t', 16, '{name}', 42, 9)")).await;
+            assert_eq!(r.len(), 9, "one batch per step");
+            let s = Sampler::new(100, 16, mode, 42).unwrap();
+            for (step, b) in r.iter().enumerate() {
+                let ids = fmt_col(b.column(1).as_ref());
+                let want: Vec<String> = s.batch(step as u64).iter().map(|i| i.to_string()).collect();
+                assert_eq!(ids, want, "{name} step {step}");
+                assert!(fmt_col(b.column(0).as_ref()).iter().all(|v| v == &step.to_string()));
+                let labels = fmt_col(b.column(2).as_ref());
+                let want: Vec<String> = s.batch(step as u64).iter().map(|i| (i % 10).to_string()).collect();
+                assert_eq!(labels, want);
+            }
+        }
+        // Endless loader: LIMIT bounds it, and only the needed steps are gathered.
+        let table = ZrecordTable::open(&root).unwrap();
+        let before = table.dataset().streams()[0].store.records_read();
+        ctx.register_table("t2", Arc::new(table.clone())).unwrap();
+        let r = collect(&ctx, "SELECT a FROM loader('t2', 10, 'iid', 1) LIMIT 25").await;
+        assert_eq!(r.iter().map(|b| b.num_rows()).sum::<usize>(), 25);
+        assert_eq!(table.dataset().streams()[0].store.records_read() - before, 30, "3 steps of 10");
+        assert_eq!(table.dataset().streams()[1].store.records_read(), 0, "unselected stream never read");
+    });
+}
