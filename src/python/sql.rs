@@ -96,8 +96,12 @@ impl PySessionContext {
 
     /// Register any Arrow data (pyarrow Table / RecordBatchReader, polars DataFrame, anything
     /// with `__arrow_c_stream__`) as an in-memory table, e.g. to `COPY` it into a store.
-    fn register_arrow(&self, py: Python<'_>, name: &str, data: pyo3_arrow::PyTable) -> PyResult<()> {
-        let (batches, schema) = data.into_inner();
+    fn register_arrow(&self, py: Python<'_>, name: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if !data.hasattr("__arrow_c_stream__")? {
+            let ty = data.get_type().name()?;
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!("register_arrow needs Arrow data (an object with __arrow_c_stream__), got {ty}")));
+        }
+        let (batches, schema) = data.extract::<pyo3_arrow::PyTable>()?.into_inner();
         py.detach(|| {
             let t = datafusion::datasource::MemTable::try_new(schema, vec![batches])?;
             self.ctx.register_table(name, Arc::new(t)).map(|_| ())
