@@ -24,7 +24,10 @@ mod table;
 
 use std::sync::Arc;
 
+use datafusion::catalog::{DynamicFileCatalog, TableProvider, UrlTableFactory};
+use datafusion::datasource::dynamic_file::DynamicListTableFactory;
 use datafusion::error::DataFusionError;
+use datafusion_session::SessionStore;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
@@ -78,6 +81,24 @@ pub fn register_zrecord_extension(ctx: &SessionContext) -> datafusion::error::Re
     Ok(())
 }
 
+/// `FROM '<path>'`: stores and dataset roots open as zrecord tables, anything else goes to
+/// DataFusion's file tables (`FROM 'train.parquet'`, CSV, JSON, Arrow IPC).
+#[derive(Debug)]
+struct UrlTables {
+    files: Arc<DynamicListTableFactory>,
+}
+
+#[async_trait::async_trait]
+impl UrlTableFactory for UrlTables {
+    async fn try_new(&self, url: &str) -> datafusion::error::Result<Option<Arc<dyn TableProvider>>> {
+        let p = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
+        if p.join(crate::store::format::MANIFEST).exists() || p.join(dataset::DATASET_FILE).exists() {
+            return Ok(Some(Arc::new(ZrecordTable::open(p).map_err(df_err)?)));
+        }
+        self.files.try_new(url).await
+    }
+}
+
 /// A new context with DataFusion's defaults plus the zrecord extension.
 pub fn zrecord_context() -> SessionContext {
     zrecord_context_with_config(SessionConfig::new())
@@ -86,7 +107,12 @@ pub fn zrecord_context() -> SessionContext {
 /// [`zrecord_context`] with a given configuration.
 pub fn zrecord_context_with_config(config: SessionConfig) -> SessionContext {
     let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
+    // URL tables (as `SessionContext::enable_url_table`, with zrecord paths first).
+    let files = Arc::new(DynamicListTableFactory::new(SessionStore::new()));
+    let catalogs = Arc::new(DynamicFileCatalog::new(state.catalog_list().clone(), Arc::new(UrlTables { files: files.clone() })));
+    let state = SessionStateBuilder::new_from_existing(state).with_catalog_list(catalogs).build();
     let ctx = SessionContext::new_with_state(state);
+    files.session_store().with_state(ctx.state_weak_ref());
     // Registering into a fresh state cannot clash with anything.
     let _ = register_zrecord_extension(&ctx);
     ctx
