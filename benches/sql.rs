@@ -74,6 +74,22 @@ fn main() {
                 black_box(rt.block_on(rows(&ctx, &queries[i])))
             })
         });
+        // The same queries planned once up front: what execution alone costs.
+        let plans: Vec<_> = rt.block_on(async {
+            let mut v = Vec::new();
+            for q in &queries {
+                v.push(ctx.sql(q).await.expect("plan").create_physical_plan().await.expect("physical plan"));
+            }
+            v
+        });
+        let task = ctx.task_ctx();
+        let mut i = 0usize;
+        g.bench_function("sql_execute_only", |b| {
+            b.iter(|| {
+                i = (i + 1) % BATCHES;
+                black_box(rt.block_on(datafusion::physical_plan::collect(plans[i].clone(), task.clone())).expect("run"))
+            })
+        });
         let mut i = 0usize;
         match &store {
             Store::Dense(d) => {
@@ -110,18 +126,22 @@ fn main() {
     c.final_summary();
     let _ = std::fs::remove_dir_all(&dir);
     println!("\n## SQL (DataFusion), {} threads\n", rayon::current_num_threads());
-    println!("| workload | SQL IN (256 ids) | direct gather | SQL / direct (target <= 1.5) | zrecord scan | Arrow IPC scan | IPC / zrecord (target >= 1.0) |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| workload | SQL IN (256 ids) | of which planned once (execute only) | direct gather | SQL / direct (target <= 1.5) | execute / direct | zrecord scan | Arrow IPC scan | IPC / zrecord (target >= 1.0) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (name, g1, g2, bb, total) in summary {
-        let (Some(sql), Some(direct), Some(scan), Some(ipc)) = (mean_ns(&g1, "sql_in_list"), mean_ns(&g1, "direct_gather"), mean_ns(&g2, "zrecord_scan"), mean_ns(&g2, "arrow_ipc_scan")) else {
+        let (Some(sql), Some(exec), Some(direct), Some(scan), Some(ipc)) =
+            (mean_ns(&g1, "sql_in_list"), mean_ns(&g1, "sql_execute_only"), mean_ns(&g1, "direct_gather"), mean_ns(&g2, "zrecord_scan"), mean_ns(&g2, "arrow_ipc_scan"))
+        else {
             continue;
         };
         println!(
-            "| {name} | {:.0} us ({:.2} GiB/s) | {:.0} us | {:.2}x | {:.1} ms ({:.2} GiB/s) | {:.1} ms | {:.2}x |",
+            "| {name} | {:.0} us ({:.2} GiB/s) | {:.0} us | {:.0} us | {:.2}x | {:.2}x | {:.1} ms ({:.2} GiB/s) | {:.1} ms | {:.2}x |",
             sql / 1e3,
             common::gib(bb, sql),
+            exec / 1e3,
             direct / 1e3,
             sql / direct,
+            exec / direct,
             scan / 1e6,
             common::gib(total as f64, scan),
             ipc / 1e6,

@@ -304,3 +304,23 @@ fn loader_table_function_matches_the_sampler() {
         assert_eq!(table.dataset().streams()[1].store.records_read(), 0, "unselected stream never read");
     });
 }
+
+/// Large records: output batches are capped near 32 MiB whatever the session batch_size.
+#[test]
+fn scan_batches_are_capped_by_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("big");
+    let rec = 1usize << 20;
+    let mut w = DenseWriter::create(&p, DType::UInt8, &[rec], WriterOptions::default()).unwrap();
+    let data: Vec<u8> = (0..40 * rec).map(|i| (i / rec) as u8).collect();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    rt().block_on(async {
+        let ctx = zrecord_context_with_config(SessionConfig::new().with_target_partitions(1));
+        ctx.register_zrecord("big", &p).unwrap();
+        let r = collect(&ctx, "SELECT big FROM big").await;
+        assert_eq!(r.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![32, 8]);
+        let last = r[1].column(0).as_any().downcast_ref::<FixedSizeListArray>().unwrap();
+        assert_eq!(last.value(7).to_data().buffers()[0].as_slice()[..rec].iter().filter(|&&b| b == 39).count(), rec);
+    });
+}

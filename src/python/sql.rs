@@ -205,6 +205,13 @@ impl PyQueryResult {
         slf.py().import("pyarrow")?.call_method1("table", (slf,))
     }
 
+    /// Iterate `pyarrow.RecordBatch`es as the query produces them (endless for an unbounded
+    /// `loader(...)` query: stop when you have enough).
+    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let reader = slf.py().import("pyarrow")?.getattr("RecordBatchReader")?.call_method1("from_stream", (slf,))?;
+        reader.call_method0("__iter__")
+    }
+
     /// The whole result as a `polars.DataFrame`.
     fn to_polars<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let table = Self::to_arrow(slf)?;

@@ -31,6 +31,10 @@ use crate::store::{DenseView, Ids, RaggedView, Store};
 /// The virtual id column.
 pub const ID_COLUMN: &str = "_id";
 
+/// Target bytes of one output batch (rows are capped below the session's `batch_size` to stay
+/// near it).
+pub const BATCH_BYTES: u64 = 32 << 20;
+
 /// Which records a table (or one scan partition) covers.
 #[derive(Clone, Debug)]
 pub enum Selection {
@@ -170,12 +174,23 @@ impl TableProvider for ZrecordTable {
         }
         let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..self.schema.fields().len()).collect());
         let config = state.config();
+        // Rows per batch: the session's batch_size, capped so that one batch of the projected
+        // streams stays near BATCH_BYTES (8192 rows of 150 KB images would be 1.2 GB).
+        let row_bytes: u64 = projection
+            .iter()
+            .filter_map(|&c| self.columns[c])
+            .map(|s| {
+                let st = &self.dataset.streams()[s].store;
+                st.stats().raw_bytes / st.len().max(1)
+            })
+            .sum();
+        let batch_size = config.batch_size().min((BATCH_BYTES / row_bytes.max(1)).max(1) as usize);
         let partitions = match &selection {
             // Explicit order: one ordered partition (the gather itself runs in parallel).
             Selection::List(_) => vec![selection.clone()],
             Selection::Set(s) => s.split(config.target_partitions()).into_iter().map(Selection::Set).collect(),
         };
-        Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, selection, partitions, limit, config.batch_size())?))
+        Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, selection, partitions, limit, batch_size)?))
     }
 }
 

@@ -139,10 +139,16 @@ def test_loader_query_streams_steps(root):
     np.testing.assert_array_equal(ids, want)
     assert sorted(ids.tolist()) == list(range(12))  # one cycle: a permutation
     np.testing.assert_array_equal(np.array(t.column("label").to_pylist()), labels[ids])
-    # The stream reads incrementally: the first batch arrives without draining an endless loader.
+    # The stream reads incrementally: batches arrive without draining an endless loader.
     reader = pa.RecordBatchReader.from_stream(ctx.sql("SELECT _id FROM loader('t', 4, 'iid', 1)"))
     first = reader.read_next_batch()
     assert first.num_rows == 4
+    steps = []
+    for batch in ctx.sql("SELECT _step, _id FROM loader('t', 3, 'sequential', 0)"):
+        steps.append(batch.column(0).to_pylist())
+        if len(steps) == 5:
+            break
+    assert steps == [[k] * 3 for k in range(5)]
 
 
 def test_errors_map_to_python_exceptions(root, tmp_path):
