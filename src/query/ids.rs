@@ -296,4 +296,84 @@ mod tests {
         assert_eq!(f(col("_id").eq(col("label"))), None);
         assert_eq!(f(col("_id").eq(lit(1i64)).or(col("label").eq(lit(2i64)))), None);
     }
+
+    /// A small filter language evaluated by brute force over every id: the reference.
+    #[derive(Clone, Debug)]
+    enum F {
+        Cmp(u8, i64),
+        In(Vec<i64>, bool),
+        Between(i64, i64, bool),
+        And(Box<F>, Box<F>),
+        Or(Box<F>, Box<F>),
+        Not(Box<F>),
+    }
+
+    impl F {
+        fn eval(&self, id: i64) -> bool {
+            match self {
+                F::Cmp(op, v) => [id == *v, id != *v, id < *v, id <= *v, id > *v, id >= *v][*op as usize],
+                F::In(l, neg) => l.contains(&id) != *neg,
+                F::Between(a, b, neg) => (*a <= id && id <= *b) != *neg,
+                F::And(a, b) => a.eval(id) && b.eval(id),
+                F::Or(a, b) => a.eval(id) || b.eval(id),
+                F::Not(a) => !a.eval(id),
+            }
+        }
+
+        fn expr(&self) -> Expr {
+            let id = || col("_id");
+            match self {
+                F::Cmp(op, v) => match op {
+                    0 => id().eq(lit(*v)),
+                    1 => id().not_eq(lit(*v)),
+                    2 => id().lt(lit(*v)),
+                    3 => id().lt_eq(lit(*v)),
+                    4 => lit(*v).lt(id()), // literal on the left
+                    _ => id().gt_eq(lit(*v)),
+                },
+                F::In(l, neg) => id().in_list(l.iter().map(|v| lit(*v)).collect(), *neg),
+                F::Between(a, b, neg) => {
+                    if *neg {
+                        id().not_between(lit(*a), lit(*b))
+                    } else {
+                        id().between(lit(*a), lit(*b))
+                    }
+                }
+                F::And(a, b) => a.expr().and(b.expr()),
+                F::Or(a, b) => a.expr().or(b.expr()),
+                F::Not(a) => Expr::Not(Box::new(a.expr())),
+            }
+        }
+    }
+
+    fn arb_filter(n: i64) -> impl proptest::strategy::Strategy<Value = F> {
+        use proptest::prelude::*;
+        let v = -3..n + 3;
+        let leaf = prop_oneof![
+            (0u8..6, v.clone()).prop_map(|(o, x)| F::Cmp(o, x)),
+            (proptest::collection::vec(v.clone(), 0..6), any::<bool>()).prop_map(|(l, neg)| F::In(l, neg)),
+            (v.clone(), v, any::<bool>()).prop_map(|(a, b, neg)| F::Between(a, b, neg)),
+        ];
+        leaf.prop_recursive(3, 16, 2, |inner| {
+            prop_oneof![
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| F::And(Box::new(a), Box::new(b))),
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| F::Or(Box::new(a), Box::new(b))),
+                inner.prop_map(|a| F::Not(Box::new(a))),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn id_filters_match_brute_force(f in arb_filter(40), n in 0u64..40) {
+            let set = id_filter(&f.expr(), n).expect("every generated filter is an exact _id filter");
+            let want: Vec<u64> = (0..n).filter(|&i| f.eval(i as i64)).collect();
+            let got: Vec<u64> = set.ranges().iter().flat_map(|r| r.clone()).collect();
+            proptest::prop_assert_eq!(got, want, "{}", f.expr());
+            // Ranges are normalised: sorted, disjoint, non-adjacent, non-empty.
+            for w in set.ranges().windows(2) {
+                proptest::prop_assert!(w[0].end < w[1].start);
+            }
+        }
+    }
 }
