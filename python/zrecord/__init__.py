@@ -58,6 +58,7 @@ __all__ = [
     "open",
     "to_arrow",
     "train_dict",
+    "write_dataset",
     "__version__",
 ]
 
@@ -83,3 +84,22 @@ def _view_to_arrow(self, indices=None):
 
 DenseView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
 RaggedView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
+
+
+def write_dataset(data, path, codec="raw", level=None, data_shards=None):
+    """Write any Arrow data (a ``pyarrow.Table`` or ``RecordBatchReader``, a polars
+    ``DataFrame``, a Hugging Face ``Dataset``'s ``.data.table``, anything with
+    ``__arrow_c_stream__``) as a new dataset root at ``path``: one stream per column, the same
+    type mapping as ``COPY ... STORED AS ZRECORD``, published atomically. Returns the record
+    count."""
+    ctx = SessionContext(target_partitions=1)
+    ctx.register_arrow("_src", data)
+    opts = [("codec", str(codec))]
+    if level is not None:
+        opts.append(("level", str(int(level))))
+    if data_shards is not None:
+        opts.append(("data_shards", str(int(data_shards))))
+    options = ", ".join(f"{k} '{v}'" for k, v in opts)
+    target = str(path).replace("'", "''")
+    result = ctx.sql(f"COPY _src TO '{target}' STORED AS ZRECORD OPTIONS ({options})").to_arrow()
+    return int(result.column(0)[0].as_py())

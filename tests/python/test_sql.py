@@ -201,3 +201,22 @@ def test_table_registers_in_datafusion_python(root):
     assert ours.to_pylist() == theirs.to_pylist()
     img = ctx.sql("SELECT image FROM t WHERE _id = 3").to_arrow_table().column("image").combine_chunks()
     np.testing.assert_array_equal(np.asarray(img.storage.flatten()).reshape(-1, 2, 3), images[[3]])
+
+
+def test_write_dataset_from_arrow_and_polars(tmp_path):
+    src = pa.table({"tokens": pa.array([[1, 2, 3], [4], [5, 6]], pa.list_(pa.int32())),
+                    "label": pa.array([0, 1, 1], pa.int64()),
+                    "text": pa.array(["x", "it's", "z"])})
+    out = tmp_path / "it's here"
+    assert zrecord.write_dataset(src, out, codec="zstd", level=7, data_shards=2) == 3
+    ctx = zrecord.SessionContext()
+    ctx.register("d", out)
+    back = ctx.sql("SELECT tokens, label, text FROM d ORDER BY _id").to_arrow()
+    assert back.column("tokens").to_pylist() == [[1, 2, 3], [4], [5, 6]]
+    assert back.column("text").to_pylist() == ["x", "it's", "z"]
+    info = ctx.sql("SELECT DISTINCT codec, level FROM zrecord_info('d')").to_arrow().to_pylist()
+    assert info == [{"codec": "zstd", "level": 7}]
+    with pytest.raises(FileExistsError):
+        zrecord.write_dataset(src, out)
+    pl = pytest.importorskip("polars")
+    assert zrecord.write_dataset(pl.DataFrame({"x": [1.0, 2.0]}), tmp_path / "pl") == 2
