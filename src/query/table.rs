@@ -188,6 +188,9 @@ impl TableProvider for ZrecordTable {
         let partitions = match &selection {
             // Explicit order: one ordered partition (the gather itself runs in parallel).
             Selection::List(_) => vec![selection.clone()],
+            // At most one batch: one partition, gathered in parallel inside (no repartitioning
+            // or coalescing cost for point lookups).
+            Selection::Set(s) if s.count() <= batch_size as u64 => vec![selection.clone()],
             Selection::Set(s) => s.split(config.target_partitions()).into_iter().map(Selection::Set).collect(),
         };
         Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, selection, partitions, limit, batch_size)?))
