@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use common::{bench_dir, criterion_dir, mean_ns, scale, Data, Workload};
 use criterion::{Criterion, Throughput};
-use datafusion::prelude::{ArrowReadOptions, SessionContext};
+use datafusion::datasource::file_format::options::ArrowReadOptions;
+use datafusion::prelude::SessionContext;
 use zrecord::prelude::*;
 use zrecord::query::{zrecord_context, ZrecordTable};
 use zrecord::sample::SplitMix64;

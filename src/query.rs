@@ -19,6 +19,7 @@
 pub mod dataset;
 mod functions;
 pub mod ids;
+mod rules;
 mod sink;
 mod table;
 
@@ -27,12 +28,14 @@ use std::sync::Arc;
 use datafusion::catalog::{DynamicFileCatalog, TableProvider, UrlTableFactory};
 use datafusion::datasource::dynamic_file::DynamicListTableFactory;
 use datafusion::error::DataFusionError;
+use datafusion::optimizer::{Analyzer, AnalyzerRule};
 use datafusion_session::SessionStore;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use dataset::{Dataset, DatasetWriter, Stream};
 pub use functions::{info_batch, GatherFunction, InfoFunction, LoaderExec, LoaderFunction, LoaderTable};
+pub use rules::UnsignedLiterals;
 pub use sink::{plan_columns, writer_options, ZrecordFormat, ZrecordFormatFactory, ZrecordTableFactory};
 pub use table::{Selection, ZrecordScanExec, ZrecordTable, ID_COLUMN};
 
@@ -106,7 +109,10 @@ pub fn zrecord_context() -> SessionContext {
 
 /// [`zrecord_context`] with a given configuration.
 pub fn zrecord_context_with_config(config: SessionConfig) -> SessionContext {
-    let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
+    // Typing `_id` literals as UInt64 first saves the Decimal128 coercion of every literal.
+    let mut analyzer: Vec<Arc<dyn AnalyzerRule + Send + Sync>> = vec![Arc::new(UnsignedLiterals)];
+    analyzer.extend(Analyzer::new().rules);
+    let state = SessionStateBuilder::new().with_config(config).with_default_features().with_analyzer_rules(analyzer).build();
     // URL tables (as `SessionContext::enable_url_table`, with zrecord paths first).
     let files = Arc::new(DynamicListTableFactory::new(SessionStore::new()));
     let catalogs = Arc::new(DynamicFileCatalog::new(state.catalog_list().clone(), Arc::new(UrlTables { files: files.clone() })));
