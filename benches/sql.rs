@@ -5,6 +5,7 @@
 //!   Arrow IPC file (target: at least as fast).
 //!
 //! `ZREC_BENCH_SCALE=0.1` runs a quick, smaller version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -224,7 +224,7 @@ impl DatasetWriter {
             return Err(Error::invalid("batch", format!("{} columns for {} streams", batch.num_columns(), self.columns.len())));
         }
         for (col, (name, layout, _, w)) in batch.columns().iter().zip(self.columns.iter_mut()) {
-            let w = w.as_mut().ok_or_else(|| Error::Closed { what: "dataset writer" })?;
+            let w = w.as_mut().ok_or(Error::Closed { what: "dataset writer" })?;
             w.append_array(name, layout, col.as_ref())?;
         }
         Ok(())
@@ -246,7 +246,7 @@ impl DatasetWriter {
         let mut entries = Vec::with_capacity(self.columns.len());
         let mut count = None;
         for (name, layout, folder, w) in &mut self.columns {
-            let w = w.take().ok_or_else(|| Error::Closed { what: "dataset writer" })?;
+            let w = w.take().ok_or(Error::Closed { what: "dataset writer" })?;
             let n = w.len();
             if *count.get_or_insert(n) != n {
                 return Err(Error::invalid("dataset", format!("column '{name}' has {n} records, others {}", count.unwrap_or(0))));

@@ -19,7 +19,16 @@ pub struct IdSet {
 impl IdSet {
     /// `[0, n)`.
     pub fn all(n: u64) -> IdSet {
-        IdSet::from_ranges(vec![0..n])
+        IdSet::range(0, n)
+    }
+
+    /// `[lo, hi)` (empty when `hi <= lo`).
+    pub fn range(lo: u64, hi: u64) -> IdSet {
+        let mut ranges = Vec::with_capacity(1);
+        if lo < hi {
+            ranges.push(lo..hi);
+        }
+        IdSet { ranges }
     }
 
     /// No ids.
@@ -192,7 +201,7 @@ fn clamp(v: i128, n: u64) -> u64 {
 
 /// `_id op v` over `[0, n)`.
 fn compare(op: Operator, v: i128, n: u64) -> Option<IdSet> {
-    let r = |lo: i128, hi: i128| IdSet::from_ranges(vec![clamp(lo, n)..clamp(hi, n)]);
+    let r = |lo: i128, hi: i128| IdSet::range(clamp(lo, n), clamp(hi, n));
     Some(match op {
         Operator::Eq => r(v, v + 1),
         Operator::NotEq => r(v, v + 1).complement(n),
@@ -236,7 +245,7 @@ pub fn id_filter(e: &Expr, n: u64) -> Option<IdSet> {
         Expr::Not(inner) => Some(id_filter(inner, n)?.complement(n)),
         Expr::Between(Between { expr, negated, low, high }) if is_id_column(expr) => {
             let (lo, hi) = (int_literal(low)?, int_literal(high)?);
-            let s = IdSet::from_ranges(vec![clamp(lo, n)..clamp(hi.saturating_add(1), n)]);
+            let s = IdSet::range(clamp(lo, n), clamp(hi.saturating_add(1), n));
             Some(if *negated { s.complement(n) } else { s })
         }
         Expr::InList(l) if is_id_column(&l.expr) => {
@@ -257,6 +266,7 @@ pub fn id_filter(e: &Expr, n: u64) -> Option<IdSet> {
 }
 
 #[cfg(test)]
+#[allow(clippy::single_range_in_vec_init, clippy::expect_used)]
 mod tests {
     use super::*;
     use datafusion::logical_expr::{col, lit};
