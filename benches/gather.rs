@@ -7,10 +7,9 @@
 mod common;
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use common::*;
-use criterion::{Criterion, Throughput};
+use criterion::Throughput;
 use zrecord::prelude::*;
 use zrecord::sample::SplitMix64;
 
@@ -28,11 +27,7 @@ struct Row {
 }
 
 fn main() {
-    let mut c = Criterion::default()
-        .output_directory(&criterion_dir())
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .configure_from_args();
+    let mut c = common::criterion(3);
     let threads = rayon::current_num_threads();
     let dir = bench_dir("gather");
     let alloc = Allocator::default();

@@ -11,10 +11,9 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{bench_dir, criterion_dir, mean_ns, scale, Data, Workload};
-use criterion::{Criterion, Throughput};
+use common::{bench_dir, mean_ns, scale, Data, Workload};
+use criterion::Throughput;
 use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::prelude::SessionContext;
 use zrecord::prelude::*;
@@ -34,11 +33,7 @@ async fn rows(ctx: &SessionContext, sql: &str) -> usize {
 }
 
 fn main() {
-    let mut c = Criterion::default()
-        .output_directory(&criterion_dir())
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .configure_from_args();
+    let mut c = common::criterion(3);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let dir = bench_dir("sql");
     let alloc = Allocator::default();

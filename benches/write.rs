@@ -7,19 +7,13 @@ mod common;
 
 use std::hint::black_box;
 use std::io::Write;
-use std::time::Duration;
 
 use common::*;
-use criterion::{Criterion, Throughput};
+use criterion::Throughput;
 use zrecord::prelude::*;
 
 fn main() {
-    let mut c = Criterion::default()
-        .output_directory(&criterion_dir())
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(4))
-        .configure_from_args();
+    let mut c = common::criterion(4).sample_size(10);
     let shards = WriterOptions::default().data_shards;
     let workers = shards.min(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let dir = bench_dir("write");

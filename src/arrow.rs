@@ -7,7 +7,7 @@
 mod convert;
 mod tensor;
 
-pub use convert::{column_from_dense, column_from_ragged, ColumnLayout, Logical, StreamWriter};
+pub use convert::{column_from_ragged, ColumnLayout, Logical, StreamWriter};
 pub use tensor::{dense_to_arrow, element_field, ragged_to_arrow, tensor_buffer, to_record_batch};
 
 /// `ARROW:extension:name`.

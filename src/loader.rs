@@ -7,6 +7,7 @@ mod pipeline;
 mod sampler;
 
 pub use arrow::LoaderBatchReader;
+pub(crate) use arrow::value_column;
 pub use pipeline::{IdSource, Loader, LoaderOptions, Shard, StreamView, Value};
 
 

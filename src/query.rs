@@ -16,6 +16,32 @@
 //! # Ok(()) }
 //! ```
 
+/// The `ExecutionPlan` methods shared by the leaf operators here (no children, no expressions,
+/// properties computed once in `self.properties`).
+macro_rules! leaf_exec_methods {
+    () => {
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.properties
+        }
+
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![]
+        }
+
+        fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+
+        fn replace_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+            Ok(self)
+        }
+
+        fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+            self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+        }
+    };
+}
+
 pub mod dataset;
 mod functions;
 pub mod ids;

@@ -118,6 +118,16 @@ pub fn criterion_dir() -> PathBuf {
     std::env::temp_dir().join(format!("zrecord-criterion-{}", std::process::id()))
 }
 
+/// Criterion writing its estimates where [`mean_ns`] reads them: 1 s warm-up, `secs` of
+/// measurement, command-line options applied.
+pub fn criterion(secs: u64) -> criterion::Criterion {
+    criterion::Criterion::default()
+        .output_directory(&criterion_dir())
+        .warm_up_time(std::time::Duration::from_secs(1))
+        .measurement_time(std::time::Duration::from_secs(secs))
+        .configure_from_args()
+}
+
 /// Mean time per iteration (ns) of `group/id` from criterion's estimates.
 pub fn mean_ns(group: &str, id: &str) -> Option<f64> {
     let p = criterion_dir().join(group).join(id).join("new").join("estimates.json");

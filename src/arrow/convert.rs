@@ -549,9 +549,3 @@ fn string_views(offsets: &OffsetBuffer<i32>, values: Buffer) -> Result<StringVie
     }
     StringViewArray::try_new(ScalarBuffer::from(views), vec![values], None).map_err(|e| Error::invalid("column", format!("stored string is not valid UTF-8: {e}")))
 }
-
-/// A gathered dense batch as its Arrow column (`arrow.fixed_shape_tensor`, or the plain
-/// primitive column for 0-D items).
-pub fn column_from_dense(name: &str, t: &Tensor) -> Result<(FieldRef, ArrayRef)> {
-    dense_to_arrow(name, t)
-}

@@ -7,17 +7,23 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchReader, UInt64Array};
 use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
 
-use crate::arrow::{dense_to_arrow, ragged_to_arrow};
+use crate::arrow::{column_from_ragged, dense_to_arrow, Logical};
 use crate::error::{Error, Result};
 use crate::loader::pipeline::{Loader, Shard, StreamView, Value};
 use crate::loader::sampler::Sampler;
 use crate::loader::LoaderOptions;
 
-fn column(name: &str, v: &Value) -> Result<(FieldRef, ArrayRef)> {
+/// One gathered stream value as its Arrow column (ragged uint8 streams as strings / bytes when
+/// `logical` says so).
+pub(crate) fn value_column(name: &str, v: &Value, logical: Logical) -> Result<(FieldRef, ArrayRef)> {
     match v {
         Value::Dense(t) => dense_to_arrow(name, t),
-        Value::Ragged(b) => ragged_to_arrow(name, b),
+        Value::Ragged(b) => column_from_ragged(name, b, logical),
     }
+}
+
+fn column(name: &str, v: &Value) -> Result<(FieldRef, ArrayRef)> {
+    value_column(name, v, Logical::Tensor)
 }
 
 /// Steps of a [`Loader`] as Arrow record batches; bounded by `steps` when given.

@@ -11,6 +11,12 @@ create_exception!(zrecord, CorruptStoreError, PyOSError, "A store file is trunca
 /// Map a zrecord error to the matching Python exception.
 pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
+    exception(&e, msg)
+}
+
+/// The Python exception of `e`'s kind carrying `msg` (callers may pass a fuller message, e.g.
+/// DataFusion's context around the zrecord error).
+pub(crate) fn exception(e: &Error, msg: String) -> PyErr {
     match e {
         Error::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
         Error::DtypeMismatch { .. } | Error::UnknownDtype { .. } | Error::WrongKind { .. } => PyTypeError::new_err(msg),

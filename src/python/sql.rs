@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods};
 
-use crate::python::errors::{to_py, IntoPy};
+use crate::python::errors::{exception, IntoPy};
 use crate::query::{zrecord_context_with_config, zrecord_error, SessionContextExt, ZrecordTable};
 
 /// One multi-threaded runtime for every query started from Python.
@@ -33,12 +33,8 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 /// (IndexError, FileExistsError, ...), planning errors are ValueError.
 pub(crate) fn df_to_py(e: DataFusionError) -> PyErr {
     if let Some(z) = zrecord_error(&e) {
-        // Re-map through the zrecord error, keeping DataFusion's full message.
-        let mapped = to_py(clone_kind(z));
-        return Python::attach(|py| {
-            let ty = mapped.get_type(py);
-            PyErr::from_type(ty, e.to_string())
-        });
+        // The zrecord error's exception type, with DataFusion's full message.
+        return exception(z, e.to_string());
     }
     match e.find_root() {
         DataFusionError::NotImplemented(_) => PyNotImplementedError::new_err(e.to_string()),
@@ -46,19 +42,6 @@ pub(crate) fn df_to_py(e: DataFusionError) -> PyErr {
             PyValueError::new_err(e.to_string())
         }
         _ => PyRuntimeError::new_err(e.to_string()),
-    }
-}
-
-/// A zrecord error of the same kind (for picking the Python exception type).
-fn clone_kind(e: &crate::Error) -> crate::Error {
-    use crate::Error as E;
-    match e {
-        E::IndexOutOfRange { index, len, store } => E::IndexOutOfRange { index: *index, len: *len, store: store.clone() },
-        E::AlreadyExists { path } => E::AlreadyExists { path: path.clone() },
-        E::NotFound { path, reason } => E::NotFound { path: path.clone(), reason: reason.clone() },
-        E::Corrupt { path, reason } => E::Corrupt { path: path.clone(), reason: reason.clone() },
-        E::DtypeMismatch { expected, found } => E::DtypeMismatch { expected: expected.clone(), found: found.clone() },
-        other => E::invalid("sql", other.to_string()),
     }
 }
 

@@ -25,9 +25,9 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
 
-use crate::arrow::{column_from_dense, column_from_ragged, Logical};
+use crate::arrow::Logical;
 use crate::error::{Error, Result};
-use crate::loader::{IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView, Value};
+use crate::loader::{value_column, IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView};
 use crate::query::df_err;
 use crate::query::table::{ZrecordTable, ID_COLUMN};
 use crate::store::Store;
@@ -296,25 +296,7 @@ impl ExecutionPlan for LoaderExec {
         "LoaderExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn replace_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
-
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
-    }
+    leaf_exec_methods!();
 
     fn statistics_from_inputs(&self, _input: &[Arc<Statistics>], _args: &datafusion::physical_plan::statistics::StatisticsArgs) -> DfResult<Arc<Statistics>> {
         let rows = match self.steps {
@@ -338,10 +320,10 @@ impl ExecutionPlan for LoaderExec {
             if !names.contains(&s.name) {
                 continue; // unselected streams are never read
             }
-            let alloc = crate::memory::Allocator::cpu(256 << 20);
+            let alloc = t.table.allocator();
             let view = match &s.store {
-                Store::Dense(d) => StreamView::Dense(d.bind(&alloc)),
-                Store::Ragged(r) => StreamView::Ragged(r.bind(&alloc)),
+                Store::Dense(d) => StreamView::Dense(d.bind(alloc)),
+                Store::Ragged(r) => StreamView::Ragged(r.bind(alloc)),
             };
             streams.push((s.name.clone(), vec![view]));
             logical.push((s.name.clone(), s.logical));
@@ -394,10 +376,7 @@ fn step_batch(schema: &SchemaRef, names: &[String], logical: &[(String, Logical)
             _ => {
                 let v = &shard.values.iter().find(|(s, _)| s == name).ok_or_else(|| Error::invalid("loader", format!("stream '{name}' missing")))?.1;
                 let lg = logical.iter().find(|(s, _)| s == name).map(|x| x.1).unwrap_or_default();
-                match v {
-                    Value::Dense(t) => column_from_dense(name, t)?.1,
-                    Value::Ragged(b) => column_from_ragged(name, b, lg)?.1,
-                }
+                value_column(name, v, lg)?.1
             }
         });
     }

@@ -20,7 +20,7 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
 
-use crate::arrow::{column_from_dense, column_from_ragged, Logical};
+use crate::arrow::{column_from_ragged, dense_to_arrow, Logical};
 use crate::error::{Error, Result};
 use crate::memory::Allocator;
 use crate::query::dataset::Dataset;
@@ -108,6 +108,11 @@ impl ZrecordTable {
     pub fn with_allocator(mut self, allocator: Allocator) -> ZrecordTable {
         self.allocator = allocator;
         self
+    }
+
+    /// The allocator scans gather into.
+    pub fn allocator(&self) -> &Allocator {
+        &self.allocator
     }
 
     /// The dataset.
@@ -265,25 +270,7 @@ impl ExecutionPlan for ZrecordScanExec {
         "ZrecordScanExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn replace_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
-
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
-    }
+    leaf_exec_methods!();
 
     fn statistics_from_inputs(&self, _input: &[Arc<Statistics>], args: &datafusion::physical_plan::statistics::StatisticsArgs) -> DfResult<Arc<Statistics>> {
         let rows = match args.partition() {
@@ -335,7 +322,7 @@ impl Source {
     pub(crate) fn column(&self, ids: &ChunkIds) -> Result<ArrayRef> {
         Ok(match self {
             Source::Id => Arc::new(UInt64Array::from(ids.to_vec())),
-            Source::Dense(name, v) => column_from_dense(name, &v.gather_ids(ids.ids())?)?.1,
+            Source::Dense(name, v) => dense_to_arrow(name, &v.gather_ids(ids.ids())?)?.1,
             Source::Ragged(name, v, logical) => column_from_ragged(name, &v.gather_ids(ids.ids())?, *logical)?.1,
         })
     }
@@ -403,34 +390,25 @@ impl Iterator for Chunks {
                 Some(ChunkIds::List(l[lo..hi].to_vec()))
             }
             Selection::Set(s) => {
+                // Take up to batch_size ids, range by range; one piece is a contiguous run.
                 let ranges = s.ranges();
-                let mut ids: Vec<u64> = Vec::new();
-                let mut first_run: Option<(u64, usize)> = None;
+                let mut pieces: Vec<(u64, usize)> = Vec::new();
                 let mut want = self.batch_size;
                 while want > 0 && self.range < ranges.len() {
                     let r = &ranges[self.range];
                     let take = ((r.end - self.at) as usize).min(want);
-                    if first_run.is_none() && ids.is_empty() {
-                        first_run = Some((self.at, take));
-                    } else {
-                        if let Some((s0, n0)) = first_run.take() {
-                            ids.extend(s0..s0 + n0 as u64);
-                        }
-                        ids.extend(self.at..self.at + take as u64);
-                    }
+                    pieces.push((self.at, take));
                     self.at += take as u64;
                     want -= take;
                     if self.at >= r.end {
                         self.range += 1;
-                        if let Some(next) = ranges.get(self.range) {
-                            self.at = next.start;
-                        }
+                        self.at = ranges.get(self.range).map(|n| n.start).unwrap_or(self.at);
                     }
                 }
-                match first_run {
-                    Some((s0, n0)) => Some(ChunkIds::Run(s0, n0)),
-                    None if !ids.is_empty() => Some(ChunkIds::List(ids)),
-                    None => None,
+                match pieces[..] {
+                    [] => None,
+                    [(start, len)] => Some(ChunkIds::Run(start, len)),
+                    _ => Some(ChunkIds::List(pieces.iter().flat_map(|&(s, n)| s..s + n as u64).collect())),
                 }
             }
         }
