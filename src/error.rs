@@ -156,6 +156,27 @@ pub enum Error {
         /// What was closed.
         what: &'static str,
     },
+    /// Memory for an output region could not be had.
+    #[error("out of memory allocating {bytes} bytes")]
+    OutOfMemory {
+        /// The size asked for.
+        bytes: usize,
+    },
+    /// An Arrow error (array construction, casts, IPC), kept whole.
+    #[error("Arrow error: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    /// A DataFusion error (planning, execution), kept whole.
+    #[error("DataFusion error: {0}")]
+    DataFusion(Box<datafusion::error::DataFusionError>),
+    /// An error with what was being done when it happened.
+    #[error("{context}: {source}")]
+    Context {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -181,6 +202,104 @@ impl Error {
 
     /// True when the error means the store on disk is damaged.
     pub fn is_corruption(&self) -> bool {
-        matches!(self, Error::Corrupt { .. } | Error::Codec { .. } | Error::UnsupportedVersion { .. })
+        match self.root() {
+            Error::Corrupt { .. } | Error::Codec { .. } | Error::UnsupportedVersion { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Add what was being done to an error.
+    pub fn context(self, context: impl Into<String>) -> Self {
+        Error::Context { context: context.into(), source: Box::new(self) }
+    }
+
+    /// The innermost zrecord error: through [`Error::Context`] layers, and through DataFusion
+    /// / Arrow errors that carry a zrecord error.
+    pub fn root(&self) -> &Error {
+        let mut cur = self;
+        loop {
+            match cur {
+                Error::Context { source, .. } => cur = source,
+                Error::DataFusion(d) => match crate::query::zrecord_error(d) {
+                    Some(inner) => cur = inner,
+                    None => return cur,
+                },
+                Error::Arrow(arrow_schema::ArrowError::ExternalError(b)) => match b.downcast_ref::<Error>() {
+                    Some(inner) => cur = inner,
+                    None => return cur,
+                },
+                _ => return cur,
+            }
+        }
+    }
+}
+
+/// `.context(...)` on results.
+pub trait ResultExt<T> {
+    /// Wrap the error with what was being done.
+    fn context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> ResultExt<T> for Result<T> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| e.context(context()))
+    }
+}
+
+impl From<datafusion::error::DataFusionError> for Error {
+    /// A zrecord error that went through DataFusion comes back as itself.
+    fn from(e: datafusion::error::DataFusionError) -> Self {
+        match e {
+            datafusion::error::DataFusionError::External(b) => match b.downcast::<Error>() {
+                Ok(z) => *z,
+                Err(other) => Error::DataFusion(Box::new(datafusion::error::DataFusionError::External(other))),
+            },
+            other => Error::DataFusion(Box::new(other)),
+        }
+    }
+}
+
+impl From<Error> for datafusion::error::DataFusionError {
+    /// Kept whole (callers can downcast it back); a wrapped DataFusion error is unwrapped.
+    fn from(e: Error) -> Self {
+        match e {
+            Error::DataFusion(d) => *d,
+            other => datafusion::error::DataFusionError::External(Box::new(other)),
+        }
+    }
+}
+
+impl From<Error> for arrow_schema::ArrowError {
+    /// Kept whole as an external error; a wrapped Arrow error is unwrapped.
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Arrow(a) => a,
+            other => arrow_schema::ArrowError::ExternalError(Box::new(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::error::DataFusionError;
+
+    #[test]
+    fn errors_cross_the_datafusion_and_arrow_boundaries_whole() {
+        let e = Error::corrupt("/x", "bad");
+        let d: DataFusionError = e.into();
+        let back: Error = d.into();
+        assert!(matches!(back, Error::Corrupt { .. }));
+        let a: arrow_schema::ArrowError = Error::OutOfMemory { bytes: 5 }.into();
+        let wrapped = Error::Arrow(a);
+        assert!(matches!(wrapped.root(), Error::OutOfMemory { bytes: 5 }));
+        let plain: Error = DataFusionError::Plan("no".into()).into();
+        assert!(matches!(plain, Error::DataFusion(_)));
+        let d2: DataFusionError = plain.into();
+        assert!(matches!(d2, DataFusionError::Plan(_)));
+        let c = Error::corrupt("/y", "z").context("opening y");
+        assert!(c.is_corruption());
+        assert_eq!(c.to_string(), "opening y: corrupt store file '/y': z");
+        assert!(std::error::Error::source(&c).is_some());
     }
 }

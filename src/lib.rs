@@ -3,10 +3,12 @@
 //! Typed, immutable, ordered record stores for ML training data, with zero-copy gather into
 //! pooled memory that leaves as DLPack tensors or Arrow arrays.
 //!
-//! Layers (each depends only on those below): [`dtype`] and [`error`]; [`store`] (the
-//! container: format, codecs, writers, readers, gather); [`memory`] (allocator, tensors,
-//! DLPack); [`arrow`] (Arrow-native tensor types); [`loader`] (sampler and loader);
-//! [`query`] (DataFusion: tables, COPY TO, gather / loader table functions).
+//! Layers (each depends only on those below): [`dtype`] and [`error`]; [`memory`] (allocator,
+//! tensors, DLPack); [`store`] (the container: format, codecs, byte sources, writers, readers,
+//! gather, the [`store::RecordSource`] contract, datasets, the shared publish step);
+//! [`arrow`] (Arrow-native tensor types, the dataset [`arrow::Scanner`] and writer);
+//! [`loader`] (sampler and loader over record sources); [`query`] (DataFusion: tables,
+//! COPY TO, gather / loader table functions).
 #![warn(missing_docs)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -30,7 +32,7 @@ pub mod prelude {
     pub use crate::error::{Error, Result};
     pub use crate::memory::{Allocator, PackedRagged, RaggedBatch, RaggedInput, Tensor, TensorView};
     pub use crate::store::{
-        train_dict, Codec, DenseStore, DenseView, DenseWriter, Ids, RaggedStore, RaggedView, RaggedWriter, Store,
-        WriterOptions,
+        train_dict, Batch, Codec, Dataset, DenseStore, DenseView, DenseWriter, Ids, Layout, Logical, RaggedStore, RaggedView,
+        RaggedWriter, ReadOptions, RecordSource, SourceView, Store, WriterOptions,
     };
 }

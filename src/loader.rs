@@ -1,14 +1,14 @@
 //! Loading: a stateless sampler (sequential, iid, cyclic permutations without a dataset-sized
-//! array, O(1) seek) and a loader that gathers aligned named streams across placement views
-//! with worker threads, a bounded prefetch window, in-order delivery and exact resume.
+//! array, O(1) seek) and a loader that gathers aligned named streams (any
+//! [`RecordSource`](crate::store::RecordSource), through [`SourceView`]s) across placement
+//! positions with worker threads, a bounded prefetch window, in-order delivery and exact resume.
 
 mod arrow;
 mod pipeline;
 mod sampler;
 
-pub use arrow::LoaderBatchReader;
-pub(crate) use arrow::value_column;
-pub use pipeline::{IdSource, Loader, LoaderOptions, Shard, StreamView, Value};
-
-
+pub use arrow::{loader_schema, position_record_batch, LoaderBatchReader, STEP_COLUMN};
+pub use pipeline::{IdSource, Loader, LoaderOptions, PositionBatch};
 pub use sampler::{Mode, Sampler};
+
+pub use crate::store::{Batch, SourceView};

@@ -5,6 +5,7 @@ mod errors;
 mod input;
 mod loader;
 mod memory;
+mod source;
 mod sql;
 mod store;
 
@@ -26,6 +27,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyDenseView>()?;
     m.add_class::<store::PyRaggedView>()?;
     m.add_class::<store::PyRecordIter>()?;
+    m.add_class::<source::PySourceView>()?;
+    m.add_class::<source::PyDatasetWriter>()?;
     m.add_class::<loader::PySampler>()?;
     m.add_class::<loader::PyMode>()?;
     m.add_class::<loader::PyLoader>()?;

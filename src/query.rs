@@ -42,7 +42,11 @@ macro_rules! leaf_exec_methods {
     };
 }
 
-pub mod dataset;
+/// Dataset roots (moved to the storage layer; re-exported here for existing callers).
+pub mod dataset {
+    pub use crate::arrow::DatasetWriter;
+    pub use crate::store::dataset::*;
+}
 mod functions;
 pub mod ids;
 mod rules;
@@ -65,9 +69,10 @@ pub use rules::UnsignedLiterals;
 pub use sink::{plan_columns, writer_options, ZrecordFormat, ZrecordFormatFactory, ZrecordTableFactory};
 pub use table::{Selection, ZrecordScanExec, ZrecordTable, ID_COLUMN};
 
-/// A zrecord error as a DataFusion error (kept whole, so callers can downcast it back).
+/// A zrecord error as a DataFusion error (kept whole, so callers can downcast it back); the
+/// same as `DataFusionError::from`, for `map_err` where `?` cannot convert.
 pub fn df_err(e: crate::Error) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
+    e.into()
 }
 
 /// The zrecord error inside a DataFusion error, if that is what it is.

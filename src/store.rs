@@ -5,12 +5,17 @@
 //! views bound to an [`crate::memory::Allocator`] gather records into pooled memory.
 //! The on-disk format is specified in [`format`].
 
+pub mod bytes;
 pub mod codec;
+pub mod dataset;
 mod dense;
 pub mod format;
 mod gather;
 mod ragged;
+pub mod publish;
 mod reader;
+pub mod selection;
+mod source;
 mod writer;
 
 use std::path::Path;
@@ -18,11 +23,15 @@ use std::sync::Arc;
 
 pub use codec::{Codec, DEFAULT_LEVEL};
 pub use dense::{DenseStore, DenseView, DenseWriter};
-pub use format::Kind;
+pub use format::{Kind, Logical};
 pub use gather::Ids;
 pub use ragged::{RaggedStore, RaggedView, RaggedWriter};
+pub use bytes::{ByteSource, Location, LocalFolder, ReadMode};
+pub use publish::Staging;
+pub use dataset::{Dataset, Stream};
+pub use selection::{ChunkIds, Chunks, IdSet, Selection};
+pub use source::{with_logical, Batch, Layout, ReadOptions, RecordSource, SourceView};
 pub use writer::WriterOptions;
-pub(crate) use writer::{rename_noreplace, sync_dir};
 
 use crate::dtype::DType;
 use crate::error::Result;
@@ -82,11 +91,43 @@ pub enum Store {
 impl Store {
     /// Open whichever kind of store is at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
-        let core = Arc::new(StoreCore::open(path.as_ref())?);
-        Ok(match core.kind {
+        Ok(Store::from_core(Arc::new(StoreCore::open(path.as_ref())?)))
+    }
+
+    /// Open the store at any [`Location`] (a local folder read with positional reads instead
+    /// of a mapping, or the remote locations to come).
+    pub fn open_at(location: &dyn Location) -> Result<Store> {
+        Ok(Store::from_core(Arc::new(StoreCore::open_at(location)?)))
+    }
+
+    fn from_core(core: Arc<StoreCore>) -> Store {
+        match core.kind {
             Kind::Dense => Store::Dense(DenseStore::from_core(core)),
             Kind::Ragged => Store::Ragged(RaggedStore::from_core(core)),
-        })
+        }
+    }
+
+    /// The store as a record source.
+    pub fn source(&self) -> Arc<dyn RecordSource> {
+        match self {
+            Store::Dense(s) => Arc::new(s.clone()),
+            Store::Ragged(s) => Arc::new(s.clone()),
+        }
+    }
+
+    /// What the records mean (from the manifest; `tensor` for version-1 stores).
+    pub fn logical(&self) -> Logical {
+        self.core().logical
+    }
+
+    /// Whether the store may hold empty records.
+    pub fn allows_empty(&self) -> bool {
+        self.core().manifest.allow_empty
+    }
+
+    /// The format version the store was written with.
+    pub fn format_version(&self) -> u32 {
+        self.core().manifest.version
     }
 
     fn core(&self) -> &StoreCore {
@@ -216,6 +257,7 @@ impl DictSource for Tensor {
 
 impl DictSource for RaggedBatch {
     fn dict_samples(&self, max_records: usize) -> Result<Vec<Vec<u8>>> {
+        self.check()?;
         let cu = self.cu_seqlens_slice();
         let es = self.dtype().size();
         let v = self.values().as_bytes();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use zrecord::loader::{IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView, Value};
+use zrecord::loader::{Batch, IdSource, Loader, LoaderOptions, Mode, PositionBatch, Sampler, SourceView};
 use zrecord::prelude::*;
 
 const N: usize = 240;
@@ -24,18 +24,18 @@ fn fixtures(dir: &std::path::Path) -> (DenseStore, RaggedStore) {
     (DenseStore::open(dir.join("d")).unwrap(), RaggedStore::open(dir.join("r")).unwrap())
 }
 
-fn streams(d: &DenseStore, r: &RaggedStore, positions: usize) -> Vec<(String, Vec<StreamView>)> {
+fn streams(d: &DenseStore, r: &RaggedStore, positions: usize) -> Vec<(String, Vec<SourceView>)> {
     let allocs: Vec<Allocator> = (0..positions).map(|_| Allocator::cpu(8 << 20)).collect();
     vec![
-        ("x".to_string(), allocs.iter().map(|a| StreamView::Dense(d.bind(a))).collect()),
-        ("tok".to_string(), allocs.iter().map(|a| StreamView::Ragged(r.bind(a))).collect()),
+        ("x".to_string(), allocs.iter().map(|a| SourceView::from(d.bind(a))).collect()),
+        ("tok".to_string(), allocs.iter().map(|a| SourceView::from(r.bind(a))).collect()),
     ]
 }
 
-fn check_aligned(shards: &[Shard]) {
+fn check_aligned(shards: &[PositionBatch]) {
     for sh in shards {
-        let Value::Dense(x) = &sh.values[0].1 else { panic!("x is dense") };
-        let Value::Ragged(t) = &sh.values[1].1 else { panic!("tok is ragged") };
+        let Batch::Dense(x) = &sh.values[0].1 else { panic!("x is dense") };
+        let Batch::Ragged(t) = &sh.values[1].1 else { panic!("tok is ragged") };
         let xs = x.as_slice::<i64>().unwrap();
         for (k, &id) in sh.ids.iter().enumerate() {
             assert_eq!(xs[2 * k], id as i64);
@@ -86,7 +86,7 @@ fn in_flight_is_bounded_and_close_is_prompt_while_blocked() {
     let (d, r) = fixtures(dir.path());
     let s = Sampler::new(N as u64, 8, Mode::Iid, 1).unwrap();
     let mut l = Loader::new(streams(&d, &r, 1), s, LoaderOptions { workers: 3, prefetch: 2, ..Default::default() }).unwrap();
-    let fill = |l: &Loader<Vec<Shard>>| {
+    let fill = |l: &Loader<Vec<PositionBatch>>| {
         let t = std::time::Instant::now();
         while l.in_flight() < 5 && t.elapsed() < Duration::from_secs(20) {
             std::thread::sleep(Duration::from_millis(5));
@@ -165,17 +165,17 @@ fn argument_errors() {
     let (d, r) = fixtures(dir.path());
     let s = || Sampler::new(N as u64, 12, Mode::Iid, 0).unwrap();
     let a = Allocator::default();
-    let bad = |st: Vec<(String, Vec<StreamView>)>, smp: Sampler, o: LoaderOptions| Loader::new(st, smp, o).err().unwrap();
+    let bad = |st: Vec<(String, Vec<SourceView>)>, smp: Sampler, o: LoaderOptions| Loader::new(st, smp, o).err().unwrap();
     assert!(matches!(bad(vec![], s(), LoaderOptions::default()), Error::InvalidArgument { .. }));
     assert!(matches!(bad(vec![("x".into(), vec![])], s(), LoaderOptions::default()), Error::InvalidArgument { .. }));
-    let two = vec![("x".into(), vec![StreamView::Dense(d.bind(&a)), StreamView::Dense(d.bind(&a))]), ("t".into(), vec![StreamView::Ragged(r.bind(&a))])];
+    let two = vec![("x".into(), vec![SourceView::from(d.bind(&a)), SourceView::from(d.bind(&a))]), ("t".into(), vec![SourceView::from(r.bind(&a))])];
     assert!(bad(two, s(), LoaderOptions::default()).to_string().contains("one view per position"));
     // Unequal lengths.
     let mut w = DenseWriter::create(dir.path().join("short"), DType::Int64, &[2], WriterOptions::default()).unwrap();
     w.append_slice(&[1i64, 2]).unwrap();
     w.finish().unwrap();
     let short = DenseStore::open(dir.path().join("short")).unwrap();
-    let uneq = vec![("x".into(), vec![StreamView::Dense(d.bind(&a))]), ("s".into(), vec![StreamView::Dense(short.bind(&a))])];
+    let uneq = vec![("x".into(), vec![SourceView::from(d.bind(&a))]), ("s".into(), vec![SourceView::from(short.bind(&a))])];
     assert!(bad(uneq, s(), LoaderOptions::default()).to_string().contains("equal lengths"));
     // Batch not divisible by positions x world size; prefetch 0; rank out of range.
     let five = Sampler::new(N as u64, 5, Mode::Iid, 0).unwrap();

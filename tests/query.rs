@@ -192,7 +192,7 @@ fn pushdown_reads_only_selected_records_and_streams() {
         let ctx = zrecord_context_with_config(SessionConfig::new().with_target_partitions(4).with_batch_size(64));
         let table = Arc::new(ZrecordTable::open(&root).unwrap());
         ctx.register_table("t", table.clone()).unwrap();
-        let reads = || table.dataset().streams().iter().map(|s| s.store.records_read()).collect::<Vec<_>>();
+        let reads = || table.dataset().streams().iter().map(|s| s.store().unwrap().records_read()).collect::<Vec<_>>();
 
         let r = collect(&ctx, "SELECT a FROM t WHERE _id IN (500, 3, 7, 3)").await;
         let mut a = column(&r, "a");
@@ -266,7 +266,7 @@ fn copy_failure_publishes_nothing_and_errors_stay_typed() {
         assert_eq!(ds.len(), 10);
         assert_eq!(ds.streams().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
         let alloc = Allocator::cpu(1 << 20);
-        let Store::Dense(b) = &ds.streams()[1].store else { panic!("b is dense") };
+        let Some(Store::Dense(b)) = ds.streams()[1].store() else { panic!("b is dense") };
         let all = b.bind(&alloc).read_all().unwrap();
         assert_eq!(all.as_slice::<i32>().unwrap(), &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
     });
@@ -296,12 +296,12 @@ fn loader_table_function_matches_the_sampler() {
         }
         // Endless loader: LIMIT bounds it, and only the needed steps are gathered.
         let table = ZrecordTable::open(&root).unwrap();
-        let before = table.dataset().streams()[0].store.records_read();
+        let before = table.dataset().streams()[0].store().unwrap().records_read();
         ctx.register_table("t2", Arc::new(table.clone())).unwrap();
         let r = collect(&ctx, "SELECT a FROM loader('t2', 10, 'iid', 1) LIMIT 25").await;
         assert_eq!(r.iter().map(|b| b.num_rows()).sum::<usize>(), 25);
-        assert_eq!(table.dataset().streams()[0].store.records_read() - before, 30, "3 steps of 10");
-        assert_eq!(table.dataset().streams()[1].store.records_read(), 0, "unselected stream never read");
+        assert_eq!(table.dataset().streams()[0].store().unwrap().records_read() - before, 30, "3 steps of 10");
+        assert_eq!(table.dataset().streams()[1].store().unwrap().records_read(), 0, "unselected stream never read");
     });
 }
 

@@ -34,6 +34,8 @@ pub fn sparse_store(path: &std::path::Path, n: u64) {
         dtype: "uint8".into(),
         item_shape: Some(vec![1]),
         ndim: None,
+        logical: Default::default(),
+        allow_empty: false,
         codec: "raw".into(),
         level: 0,
         record_count: n,

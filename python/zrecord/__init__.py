@@ -18,6 +18,7 @@ from ._zrecord import (
     ArrowBatch,
     ArrowLoader,
     CorruptStoreError,
+    DatasetWriter,
     DenseStore,
     DenseView,
     DenseWriter,
@@ -30,6 +31,7 @@ from ._zrecord import (
     RaggedWriter,
     Sampler,
     SessionContext,
+    SourceView,
     Table,
     __version__,
     train_dict,
@@ -42,6 +44,7 @@ __all__ = [
     "ArrowLoader",
     "CorruptStoreError",
     "DLTensor",
+    "DatasetWriter",
     "DenseStore",
     "DenseView",
     "DenseWriter",
@@ -53,6 +56,7 @@ __all__ = [
     "RaggedWriter",
     "Sampler",
     "SessionContext",
+    "SourceView",
     "Table",
     "dtypes",
     "open",
@@ -86,20 +90,17 @@ DenseView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
 RaggedView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
 
 
-def write_dataset(data, path, codec="raw", level=None, data_shards=None):
+def write_dataset(data, path, codec="raw", level=None, data_shards=None, allow_empty=False):
     """Write any Arrow data (a ``pyarrow.Table`` or ``RecordBatchReader``, a polars
     ``DataFrame``, a Hugging Face ``Dataset``'s ``.data.table``, anything with
     ``__arrow_c_stream__``) as a new dataset root at ``path``: one stream per column, the same
-    type mapping as ``COPY ... STORED AS ZRECORD``, published atomically. Returns the record
-    count."""
-    ctx = SessionContext(target_partitions=1)
-    ctx.register_arrow("_src", data)
-    opts = [("codec", str(codec))]
+    type mapping as ``COPY ... STORED AS ZRECORD``, streamed batch by batch (the input is never
+    collected in memory) and published atomically. Returns the record count."""
+    kwargs = {"codec": str(codec), "allow_empty": bool(allow_empty)}
     if level is not None:
-        opts.append(("level", str(int(level))))
+        kwargs["level"] = int(level)
     if data_shards is not None:
-        opts.append(("data_shards", str(int(data_shards))))
-    options = ", ".join(f"{k} '{v}'" for k, v in opts)
-    target = str(path).replace("'", "''")
-    result = ctx.sql(f"COPY _src TO '{target}' STORED AS ZRECORD OPTIONS ({options})").to_arrow()
-    return int(result.column(0)[0].as_py())
+        kwargs["data_shards"] = int(data_shards)
+    with DatasetWriter(path, **kwargs) as w:
+        w.write(data)
+    return len(w)

@@ -22,7 +22,6 @@ use arrow_array::{Array, ArrayRef, BinaryArray, StringViewArray};
 use arrow_buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, Field, FieldRef};
-use serde::{Deserialize, Serialize};
 
 use crate::arrow::tensor::tensor_buffer;
 use crate::arrow::{dense_to_arrow, ragged_to_arrow, EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, FIXED_SHAPE_TENSOR, VARIABLE_SHAPE_TENSOR};
@@ -31,29 +30,7 @@ use crate::error::{Error, Result};
 use crate::memory::{RaggedBatch, RaggedInput, Tensor, TensorView};
 use crate::store::{DenseWriter, RaggedWriter};
 
-/// What the bytes of a ragged uint8 stream mean to Arrow.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Logical {
-    /// Plain tensors (the default).
-    #[default]
-    Tensor,
-    /// UTF-8 strings: read back as `Utf8View`.
-    Utf8,
-    /// Opaque bytes: read back as `Binary`.
-    Binary,
-}
-
-impl Logical {
-    /// `tensor`, `utf8` or `binary`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Logical::Tensor => "tensor",
-            Logical::Utf8 => "utf8",
-            Logical::Binary => "binary",
-        }
-    }
-}
+pub use crate::store::Logical;
 
 /// The store an Arrow column is written to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,7 +250,7 @@ fn first_null(column: &str, a: &dyn Array, base: u64) -> Error {
 fn empty_error(column: &str, row: u64) -> Error {
     Error::invalid(
         "column",
-        format!("column '{column}' row {row} is empty; ragged records must be nonempty (drop or pad empty values first)"),
+        format!("column '{column}' row {row} is empty; ragged records must be nonempty (drop or pad empty values first, or write with allow_empty)"),
     )
 }
 
@@ -298,7 +275,9 @@ impl StreamWriter {
     pub fn create(path: &std::path::Path, layout: &ColumnLayout, options: crate::store::WriterOptions) -> Result<StreamWriter> {
         Ok(match layout {
             ColumnLayout::Dense { dtype, item_shape } => StreamWriter::Dense(DenseWriter::create(path, *dtype, item_shape, options)?),
-            ColumnLayout::Ragged { dtype, ndim, .. } => StreamWriter::Ragged(RaggedWriter::create(path, *dtype, *ndim, options)?),
+            ColumnLayout::Ragged { dtype, ndim, logical } => {
+                StreamWriter::Ragged(RaggedWriter::create(path, *dtype, *ndim, options.logical(*logical))?)
+            }
         })
     }
 
@@ -388,7 +367,7 @@ fn offsets_of(data: &ArrayData, large: bool) -> Vec<i64> {
 }
 
 /// Rebased int32 cu_seqlens, checking nonempty rows and the int32 limit.
-fn rebase(column: &str, offs: &[i64], base: u64) -> Result<Vec<i32>> {
+fn rebase(column: &str, offs: &[i64], base: u64, allow_empty: bool) -> Result<Vec<i32>> {
     let first = offs[0];
     let total = offs[offs.len() - 1] - first;
     if total > i32::MAX as i64 {
@@ -396,7 +375,7 @@ fn rebase(column: &str, offs: &[i64], base: u64) -> Result<Vec<i32>> {
     }
     let mut cu = Vec::with_capacity(offs.len());
     for (i, &o) in offs.iter().enumerate() {
-        if i > 0 && o <= offs[i - 1] {
+        if i > 0 && (o < offs[i - 1] || (o == offs[i - 1] && !allow_empty)) {
             return Err(empty_error(column, base + i as u64 - 1));
         }
         cu.push((o - first) as i32);
@@ -427,7 +406,7 @@ fn append_ragged_tensor(w: &mut RaggedWriter, column: &str, dtype: DType, ndim: 
     };
     let large = matches!(list.data_type(), DataType::LargeList(_));
     let offs = offsets_of(&list, large);
-    let cu = rebase(column, &offs, base)?;
+    let cu = rebase(column, &offs, base, w.allows_empty())?;
     let shapes = if shapes.is_empty() { cu.windows(2).map(|p| (p[1] - p[0]) as u64).collect() } else { shapes };
     let child = list.child_data().first().cloned().ok_or_else(|| Error::invalid("column", "list without child"))?;
     let (start, count) = (offs[0] as usize, (offs[n] - offs[0]) as usize);
@@ -467,11 +446,12 @@ fn append_bytes(w: &mut RaggedWriter, column: &str, array: &dyn Array, base: u64
     let n = data.len();
     match data.data_type() {
         DataType::Utf8View | DataType::BinaryView => {
+            let allow_empty = w.allows_empty();
             let mut values = Vec::new();
             let mut cu = Vec::with_capacity(n + 1);
             cu.push(0i32);
             let push = |values: &mut Vec<u8>, cu: &mut Vec<i32>, b: &[u8], i: usize| -> Result<()> {
-                if b.is_empty() {
+                if b.is_empty() && !allow_empty {
                     return Err(empty_error(column, base + i as u64));
                 }
                 values.extend_from_slice(b);
@@ -494,7 +474,7 @@ fn append_bytes(w: &mut RaggedWriter, column: &str, array: &dyn Array, base: u64
         dt => {
             let large = matches!(dt, DataType::LargeUtf8 | DataType::LargeBinary);
             let offs = offsets_of(&data, large);
-            let cu = rebase(column, &offs, base)?;
+            let cu = rebase(column, &offs, base, w.allows_empty())?;
             let shapes: Vec<u64> = cu.windows(2).map(|p| (p[1] - p[0]) as u64).collect();
             let (start, count) = (offs[0] as usize, (offs[n] - offs[0]) as usize);
             let bytes = data.buffers()[1].as_slice().get(start..start + count).ok_or_else(|| Error::invalid("column", "string data shorter than its offsets"))?;
@@ -514,6 +494,7 @@ pub fn column_from_ragged(name: &str, b: &RaggedBatch, logical: Logical) -> Resu
     match logical {
         Logical::Tensor => ragged_to_arrow(name, b),
         Logical::Binary | Logical::Utf8 => {
+            b.check()?;
             if b.dtype() != DType::UInt8 || b.ndim() != 1 {
                 return Err(Error::invalid("stream", format!("stream '{name}' is {} ndim {}, not uint8 ndim 1 bytes", b.dtype(), b.ndim())));
             }

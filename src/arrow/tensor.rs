@@ -84,6 +84,7 @@ pub fn dense_to_arrow(name: &str, t: &Tensor) -> Result<(FieldRef, ArrayRef)> {
 /// A ragged batch as `List<T>` (ndim 1; offsets are `cu_seqlens`) or
 /// `arrow.variable_shape_tensor` (ndim > 1).
 pub fn ragged_to_arrow(name: &str, b: &RaggedBatch) -> Result<(FieldRef, ArrayRef)> {
+    b.check()?;
     let child = Arc::new(element_field(b.dtype()));
     let total = b.values().numel();
     let values = flat_values(b.values(), total)?;

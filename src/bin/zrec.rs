@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use zrecord::prelude::*;
 use zrecord::sample::{self, SplitMix64};
 use zrecord::query::{zrecord_context, Dataset, SessionContextExt, ZrecordTable};
-use zrecord::store::{Kind, StoreStats};
+use zrecord::store::{Kind, SourceView, StoreStats};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::dataframe::DataFrameWriteOptions;
 
@@ -93,8 +93,13 @@ fn info(path: PathBuf) -> Result<()> {
     let s = Store::open(&path)?;
     let st: StoreStats = s.stats();
     println!("path          {}", path.display());
+    println!("format        zrecord v{}", s.format_version());
     println!("kind          {}", s.kind().name());
     println!("dtype         {}", s.dtype());
+    println!("logical       {}", s.logical());
+    if s.allows_empty() {
+        println!("empty records allowed");
+    }
     match s.kind() {
         Kind::Dense => println!("item_shape    {:?}", s.item_shape()),
         Kind::Ragged => println!("ndim          {}", s.ndim()),
@@ -114,7 +119,8 @@ fn verify(path: PathBuf, quiet: bool) -> Result<u64> {
         let ds = Dataset::open(&path)?;
         let mut total = 0;
         for st in ds.streams() {
-            total += verify(st.store.path().to_path_buf(), quiet)?;
+            let store = st.store().ok_or_else(|| Error::invalid("verify", format!("stream '{}' is not a local store", st.name)))?;
+            total += verify(store.path().to_path_buf(), quiet)?;
         }
         return Ok(total);
     }
@@ -195,10 +201,7 @@ fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
             let (mut bytes, mut recs) = (0usize, 0usize);
             while t.elapsed().as_secs_f64() < 0.5 {
                 let ids: Vec<u64> = (0..256).map(|_| rng.below(n as u64)).collect();
-                bytes += match &store {
-                    Store::Dense(s) => s.bind(&alloc).gather(&ids)?.nbytes(),
-                    Store::Ragged(s) => s.bind(&alloc).gather(&ids)?.values().nbytes(),
-                };
+                bytes += SourceView::new(store.source(), &alloc).gather(&ids)?.nbytes();
                 recs += 256;
             }
             let gsecs = t.elapsed().as_secs_f64();

@@ -1,34 +1,62 @@
 //! The loader as an Arrow `RecordBatchReader`: one RecordBatch per step and view position,
-//! columns `_step`, `_id`, then one column per stream (`arrow.fixed_shape_tensor`, `List<T>` or
-//! `arrow.variable_shape_tensor`, sharing the gathered memory).
+//! columns `_step`, `_id`, then one column per stream, built by the same functions as SQL scans
+//! ([`stream_field`], [`batch_column`]): strings read back as strings here too.
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchReader, UInt64Array};
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, RecordBatchReader, UInt64Array};
 use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
 
-use crate::arrow::{column_from_ragged, dense_to_arrow, Logical};
+use crate::arrow::{batch_column, stream_field, ID_COLUMN};
 use crate::error::{Error, Result};
-use crate::loader::pipeline::{Loader, Shard, StreamView, Value};
+use crate::loader::pipeline::{Loader, PositionBatch};
 use crate::loader::sampler::Sampler;
 use crate::loader::LoaderOptions;
+use crate::store::SourceView;
 
-/// One gathered stream value as its Arrow column (ragged uint8 streams as strings / bytes when
-/// `logical` says so).
-pub(crate) fn value_column(name: &str, v: &Value, logical: Logical) -> Result<(FieldRef, ArrayRef)> {
-    match v {
-        Value::Dense(t) => dense_to_arrow(name, t),
-        Value::Ragged(b) => column_from_ragged(name, b, logical),
+/// The `_step` column.
+pub const STEP_COLUMN: &str = "_step";
+
+/// The schema of a loader's batches: `_step`, `_id`, then each stream (from the sources'
+/// descriptions: nothing is read).
+pub fn loader_schema(streams: &[(String, Vec<SourceView>)]) -> Result<SchemaRef> {
+    let mut fields: Vec<FieldRef> = vec![
+        Arc::new(Field::new(STEP_COLUMN, DataType::UInt64, false)),
+        Arc::new(Field::new(ID_COLUMN, DataType::UInt64, false)),
+    ];
+    for (name, views) in streams {
+        let v = views.first().ok_or_else(|| Error::invalid("streams", format!("stream '{name}' has no views")))?;
+        fields.push(stream_field(name, v.source().as_ref())?);
     }
+    Ok(Arc::new(Schema::new(fields)))
 }
 
-fn column(name: &str, v: &Value) -> Result<(FieldRef, ArrayRef)> {
-    value_column(name, v, Logical::Tensor)
+/// One position batch as a record batch of `schema` (whose columns name `_step`, `_id` or a
+/// stream of `part`).
+pub fn position_record_batch(schema: &SchemaRef, streams: &[(String, Vec<SourceView>)], part: &PositionBatch) -> Result<RecordBatch> {
+    let n = part.ids.len();
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for f in schema.fields() {
+        let name = f.name();
+        cols.push(match name.as_str() {
+            STEP_COLUMN => Arc::new(UInt64Array::from(vec![part.step; n])),
+            ID_COLUMN => Arc::new(UInt64Array::from(part.ids.clone())),
+            _ => {
+                let batch = &part.values.iter().find(|(s, _)| s == name).ok_or_else(|| Error::invalid("loader", format!("stream '{name}' missing")))?.1;
+                let (_, views) = streams.iter().find(|(s, _)| s == name).ok_or_else(|| Error::invalid("loader", format!("stream '{name}' missing")))?;
+                let view = views.get(part.position).or(views.first()).ok_or_else(|| Error::invalid("loader", format!("stream '{name}' has no views")))?;
+                batch_column(name, view.source().as_ref(), batch)?
+            }
+        });
+    }
+    let opts = RecordBatchOptions::new().with_row_count(Some(n));
+    Ok(RecordBatch::try_new_with_options(schema.clone(), cols, &opts)?)
 }
 
 /// Steps of a [`Loader`] as Arrow record batches; bounded by `steps` when given.
 pub struct LoaderBatchReader {
-    loader: Loader<Vec<Shard>>,
+    loader: Loader<Vec<PositionBatch>>,
+    streams: Vec<(String, Vec<SourceView>)>,
     schema: SchemaRef,
     pending: std::collections::VecDeque<RecordBatch>,
     steps_left: Option<u64>,
@@ -36,39 +64,16 @@ pub struct LoaderBatchReader {
 
 impl LoaderBatchReader {
     /// A reader over a new loader; `steps` bounds the stream (endless when `None`).
-    pub fn new(streams: Vec<(String, Vec<StreamView>)>, sampler: Sampler, options: LoaderOptions, steps: Option<u64>) -> Result<Self> {
-        // The schema comes from an empty gather of every stream (no records read).
-        let mut fields: Vec<FieldRef> = vec![
-            Arc::new(Field::new("_step", DataType::UInt64, false)),
-            Arc::new(Field::new("_id", DataType::UInt64, false)),
-        ];
-        for (name, views) in &streams {
-            let v = views.first().ok_or_else(|| Error::invalid("streams", format!("stream '{name}' has no views")))?;
-            let empty = match v {
-                StreamView::Dense(d) => Value::Dense(d.gather(&[])?),
-                StreamView::Ragged(r) => Value::Ragged(r.gather(&[])?),
-            };
-            fields.push(column(name, &empty)?.0);
-        }
+    pub fn new(streams: Vec<(String, Vec<SourceView>)>, sampler: Sampler, options: LoaderOptions, steps: Option<u64>) -> Result<Self> {
+        let schema = loader_schema(&streams)?;
         let start = sampler.step();
-        let mut loader = Loader::new(streams, sampler, options)?;
+        let mut loader = Loader::new(streams.clone(), sampler, options)?;
         loader.seek(start)?;
-        Ok(LoaderBatchReader { loader, schema: Arc::new(Schema::new(fields)), pending: Default::default(), steps_left: steps })
+        Ok(LoaderBatchReader { loader, streams, schema, pending: Default::default(), steps_left: steps })
     }
 
-    fn batches(&self, shards: Vec<Shard>) -> Result<Vec<RecordBatch>> {
-        let mut out = Vec::with_capacity(shards.len());
-        for sh in shards {
-            let mut cols: Vec<ArrayRef> = vec![
-                Arc::new(UInt64Array::from(vec![sh.step; sh.ids.len()])),
-                Arc::new(UInt64Array::from(sh.ids.clone())),
-            ];
-            for (name, v) in &sh.values {
-                cols.push(column(name, v)?.1);
-            }
-            out.push(RecordBatch::try_new(self.schema.clone(), cols).map_err(|e| Error::invalid("arrow", e.to_string()))?);
-        }
-        Ok(out)
+    fn batches(&self, parts: Vec<PositionBatch>) -> Result<Vec<RecordBatch>> {
+        parts.iter().map(|p| position_record_batch(&self.schema, &self.streams, p)).collect()
     }
 }
 
@@ -85,16 +90,16 @@ impl Iterator for LoaderBatchReader {
             }
             *left -= 1;
         }
-        let shards = match self.loader.next_step()? {
+        let parts = match self.loader.next_step()? {
             Ok(s) => s,
-            Err(e) => return Some(Err(ArrowError::ExternalError(Box::new(e)))),
+            Err(e) => return Some(Err(e.into())),
         };
-        match self.batches(shards) {
+        match self.batches(parts) {
             Ok(bs) => {
                 self.pending.extend(bs);
                 self.pending.pop_front().map(Ok)
             }
-            Err(e) => Some(Err(ArrowError::ExternalError(Box::new(e)))),
+            Err(e) => Some(Err(e.into())),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The loader: each step draws one global batch, keeps this rank's slice, splits it into
 //! contiguous per-position slices, gathers every stream of a position with the same slice, and
-//! hands the shards to a transform. Worker threads claim steps in order, at most
+//! hands the position batches to a transform. Worker threads claim steps in order, at most
 //! `workers + prefetch` steps are in flight beyond what the consumer holds, and a reorder
 //! buffer delivers in step order whatever the worker count, so runs are reproducible and a
 //! resume is one integer.
@@ -11,58 +11,21 @@ use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::loader::sampler::Sampler;
-use crate::memory::{RaggedBatch, Tensor};
-use crate::store::{DenseView, RaggedView};
+use crate::store::{Batch, SourceView};
 
-/// A placement view of either kind.
-#[derive(Clone)]
-pub enum StreamView {
-    /// Fixed-shape records.
-    Dense(DenseView),
-    /// Variable-shape records.
-    Ragged(RaggedView),
-}
-
-impl StreamView {
-    /// Records in the view.
-    pub fn len(&self) -> u64 {
-        match self {
-            StreamView::Dense(v) => v.len(),
-            StreamView::Ragged(v) => v.len(),
-        }
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn gather(&self, ids: &[u64]) -> Result<Value> {
-        Ok(match self {
-            StreamView::Dense(v) => Value::Dense(v.gather(ids)?),
-            StreamView::Ragged(v) => Value::Ragged(v.gather(ids)?),
-        })
-    }
-}
-
-/// One gathered stream value.
+/// What one placement position receives at one step: its contiguous slice of this rank's
+/// part of the global batch, gathered from every stream. (Named for the position, not "shard":
+/// in zrecord a shard is a data file of a store.)
 #[derive(Clone, Debug)]
-pub enum Value {
-    /// `[b, *item_shape]`.
-    Dense(Tensor),
-    /// Packed records.
-    Ragged(RaggedBatch),
-}
-
-/// What one placement position receives at one step.
-#[derive(Clone, Debug)]
-pub struct Shard {
+pub struct PositionBatch {
     /// The sampler step.
     pub step: u64,
+    /// The placement position (index into each stream's views).
+    pub position: usize,
     /// The ids gathered (this position's contiguous slice of the global batch).
     pub ids: Vec<u64>,
-    /// `(stream name, value)` in stream order.
-    pub values: Vec<(String, Value)>,
+    /// `(stream name, batch)` in stream order.
+    pub values: Vec<(String, Batch)>,
 }
 
 /// Where ids come from: the stateless sampler, or any draw function (called in step order).
@@ -98,7 +61,7 @@ impl Default for LoaderOptions {
     }
 }
 
-type Transform<T> = dyn Fn(u64, Vec<Shard>) -> T + Send + Sync;
+type Transform<T> = dyn Fn(u64, Vec<PositionBatch>) -> T + Send + Sync;
 
 struct State<T> {
     next_claim: u64,
@@ -108,7 +71,7 @@ struct State<T> {
 }
 
 struct Shared<T> {
-    streams: Vec<(String, Vec<StreamView>)>,
+    streams: Vec<(String, Vec<SourceView>)>,
     global_batch: usize,
     options: LoaderOptions,
     transform: Box<Transform<T>>,
@@ -139,22 +102,22 @@ impl<T> Shared<T> {
         matches!(self.ids, Ids::Stateless(_))
     }
 
-    /// Gather this rank's shards of `step` from its global batch.
+    /// Gather this rank's position batches of `step` from its global batch.
     fn produce(&self, step: u64, global: Vec<u64>) -> Result<T> {
         let per_rank = self.global_batch / self.options.world_size;
         let mine = &global[self.options.rank * per_rank..(self.options.rank + 1) * per_rank];
         let positions = self.streams[0].1.len();
         let per_pos = per_rank / positions;
-        let mut shards = Vec::with_capacity(positions);
+        let mut parts = Vec::with_capacity(positions);
         for p in 0..positions {
             let ids = &mine[p * per_pos..(p + 1) * per_pos];
             let mut values = Vec::with_capacity(self.streams.len());
             for (name, views) in &self.streams {
                 values.push((name.clone(), views[p].gather(ids)?));
             }
-            shards.push(Shard { step, ids: ids.to_vec(), values });
+            parts.push(PositionBatch { step, position: p, ids: ids.to_vec(), values });
         }
-        Ok((self.transform)(step, shards))
+        Ok((self.transform)(step, parts))
     }
 
     fn worker(self: Arc<Self>) {
@@ -195,20 +158,20 @@ pub struct Loader<T: Send + 'static> {
     threads: Vec<JoinHandle<()>>,
 }
 
-impl Loader<Vec<Shard>> {
-    /// A loader yielding the shards of each step.
-    pub fn new(streams: Vec<(String, Vec<StreamView>)>, sampler: Sampler, options: LoaderOptions) -> Result<Self> {
-        Loader::with_transform(streams, IdSource::Stateless(sampler), options, |_, shards| shards)
+impl Loader<Vec<PositionBatch>> {
+    /// A loader yielding the position batches of each step.
+    pub fn new(streams: Vec<(String, Vec<SourceView>)>, sampler: Sampler, options: LoaderOptions) -> Result<Self> {
+        Loader::with_transform(streams, IdSource::Stateless(sampler), options, |_, parts| parts)
     }
 }
 
 impl<T: Send + 'static> Loader<T> {
-    /// A loader whose steps are `transform(step, shards)`.
+    /// A loader whose steps are `transform(step, parts)`.
     pub fn with_transform(
-        streams: Vec<(String, Vec<StreamView>)>,
+        streams: Vec<(String, Vec<SourceView>)>,
         ids: IdSource,
         options: LoaderOptions,
-        transform: impl Fn(u64, Vec<Shard>) -> T + Send + Sync + 'static,
+        transform: impl Fn(u64, Vec<PositionBatch>) -> T + Send + Sync + 'static,
     ) -> Result<Self> {
         let global_batch = match &ids {
             IdSource::Stateless(s) => s.batch_size(),
@@ -219,17 +182,17 @@ impl<T: Send + 'static> Loader<T> {
 
     /// A loader over a stateful id source that yields `batch_size` ids per draw.
     pub fn with_draw(
-        streams: Vec<(String, Vec<StreamView>)>,
+        streams: Vec<(String, Vec<SourceView>)>,
         draw: Box<dyn FnMut() -> Result<Vec<u64>> + Send>,
         batch_size: usize,
         options: LoaderOptions,
-        transform: impl Fn(u64, Vec<Shard>) -> T + Send + Sync + 'static,
+        transform: impl Fn(u64, Vec<PositionBatch>) -> T + Send + Sync + 'static,
     ) -> Result<Self> {
         Self::build(streams, IdSource::Draw(draw), batch_size, options, Box::new(transform))
     }
 
     fn build(
-        streams: Vec<(String, Vec<StreamView>)>,
+        streams: Vec<(String, Vec<SourceView>)>,
         ids: IdSource,
         global_batch: usize,
         options: LoaderOptions,
@@ -279,10 +242,7 @@ impl<T: Send + 'static> Loader<T> {
             // Parallelism comes from the workers (one batch each), not from within a gather.
             for (_, views) in &mut streams {
                 for v in views.iter_mut() {
-                    match v {
-                        StreamView::Dense(d) => d.set_parallel(false),
-                        StreamView::Ragged(r) => r.set_parallel(false),
-                    }
+                    v.set_parallel(false);
                 }
             }
         }

@@ -161,6 +161,10 @@ impl Allocator {
 
     /// Take an exclusive region of at least `bytes` bytes (uninitialised).
     pub fn allocate(&self, bytes: usize) -> Result<Allocation> {
+        // Past this no size class exists (rounding up would wrap) and no machine has the memory.
+        if bytes > isize::MAX as usize / 2 {
+            return Err(Error::OutOfMemory { bytes });
+        }
         let class = size_class(bytes);
         let layout = layout_for(class)?;
         let reused = {
@@ -182,9 +186,7 @@ impl Allocator {
             None => {
                 // SAFETY: `layout` has a nonzero size (classes are >= 256 bytes).
                 let raw = unsafe { alloc::alloc(layout) };
-                let p = NonNull::new(raw).ok_or_else(|| {
-                    Error::invalid("allocation size", format!("out of memory allocating {class} bytes"))
-                })?;
+                let p = NonNull::new(raw).ok_or(Error::OutOfMemory { bytes: class })?;
                 self.inner.fresh.fetch_add(1, Ordering::Relaxed);
                 p
             }

@@ -154,8 +154,17 @@ impl Tensor {
         Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape })
     }
 
-    pub(crate) fn sub(&self, byte_offset: usize, shape: Vec<usize>) -> Tensor {
-        Tensor { alloc: self.alloc.clone(), offset: self.offset + byte_offset, dtype: self.dtype, shape }
+    /// The sub-tensor of `shape` starting `byte_offset` bytes into this one; it must lie
+    /// within this tensor's bytes (checked: offsets may come from memory a consumer wrote).
+    pub(crate) fn sub(&self, byte_offset: usize, shape: Vec<usize>) -> Result<Tensor> {
+        let bytes = numel(&shape).and_then(|n| n.checked_mul(self.dtype.size()));
+        match bytes.and_then(|b| byte_offset.checked_add(b)) {
+            Some(end) if end <= self.nbytes() => Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset + byte_offset, dtype: self.dtype, shape }),
+            _ => Err(Error::ragged(format!(
+                "a view of shape {shape:?} at byte {byte_offset} does not fit in a tensor of {} bytes",
+                self.nbytes()
+            ))),
+        }
     }
 }
 
@@ -250,9 +259,6 @@ impl RaggedBatch {
                 return Err(Error::ShapeMismatch { expected: format!("{ndim}-d records"), found: format!("record {i} of shape {:?}", r.shape) });
             }
             r.check(&format!("record {i}"))?;
-            if r.bytes.is_empty() {
-                return Err(Error::ragged(format!("record {i} is empty; stored records must be nonempty")));
-            }
             values_bytes += r.bytes.len();
             n += 1;
         }
@@ -324,20 +330,60 @@ impl RaggedBatch {
         self.shapes.as_slice::<u64>().unwrap_or(&[])
     }
 
-    /// Record `i` as a shape-restored tensor view (no copy).
+    /// Record `i` as a shape-restored tensor view (no copy). Its offsets and shape row are
+    /// checked first (they live in memory a DLPack consumer may have written).
     pub fn record(&self, i: usize) -> Result<Tensor> {
         if i >= self.len() {
             return Err(Error::invalid("index", format!("{i} out of range for batch of {} records", self.len())));
         }
-        let cu = self.cu_seqlens_slice();
-        let nd = self.ndim();
-        let shape: Vec<usize> = self.shapes_slice()[i * nd..(i + 1) * nd].iter().map(|&d| d as usize).collect();
-        Ok(self.values.sub(cu[i] as usize * self.dtype().size(), shape))
+        self.record_unchecked_meta(i)
     }
 
-    /// Every record as a tensor view.
+    fn record_unchecked_meta(&self, i: usize) -> Result<Tensor> {
+        let cu = self.cu_seqlens_slice();
+        let nd = self.ndim();
+        let row = self.shapes_slice().get(i * nd..(i + 1) * nd).ok_or_else(|| Error::ragged(format!("shapes has no row {i}")))?;
+        let (a, b) = (cu[i], cu[i + 1]);
+        let numel = row.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+        if a < 0 || b < a || numel != Some((b - a) as u64) {
+            return Err(Error::ragged(format!("record {i}: cu_seqlens [{a}, {b}) and shape {row:?} disagree (batch metadata was modified)")));
+        }
+        let shape: Vec<usize> = row.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+        self.values.sub(a as usize * self.dtype().size(), shape)
+    }
+
+    /// Check the batch's metadata: `cu_seqlens` starts at 0, never decreases and ends at the
+    /// value count; every shape row holds its record's element count. Batches made here always
+    /// pass; one whose exported `cu_seqlens` or `shapes` a consumer wrote to may not, and is
+    /// then an error instead of an out-of-bounds read.
+    pub fn check(&self) -> Result<()> {
+        let cu = self.cu_seqlens_slice();
+        let n = self.len();
+        if cu.len() != n + 1 || cu.first() != Some(&0) {
+            return Err(Error::ragged("cu_seqlens must start at 0 (batch metadata was modified)"));
+        }
+        let nd = self.ndim();
+        let shapes = self.shapes_slice();
+        if shapes.len() != n * nd {
+            return Err(Error::ragged("shapes do not match the record count"));
+        }
+        for i in 0..n {
+            let (a, b) = (cu[i], cu[i + 1]);
+            let numel = shapes[i * nd..(i + 1) * nd].iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+            if b < a || numel != Some((b - a) as u64) {
+                return Err(Error::ragged(format!("record {i}: cu_seqlens [{a}, {b}) and its shape disagree (batch metadata was modified)")));
+            }
+        }
+        if cu[n] as usize != self.values.numel() {
+            return Err(Error::ragged(format!("cu_seqlens ends at {} but values hold {} elements (batch metadata was modified)", cu[n], self.values.numel())));
+        }
+        Ok(())
+    }
+
+    /// Every record as a tensor view (the metadata is checked first).
     pub fn to_tensors(&self) -> Result<Vec<Tensor>> {
-        (0..self.len()).map(|i| self.record(i)).collect()
+        self.check()?;
+        (0..self.len()).map(|i| self.record_unchecked_meta(i)).collect()
     }
 
     /// A borrowed view, valid `append` input (a gathered batch transcodes directly).
@@ -478,6 +524,12 @@ impl<'a> RaggedInput<'a> {
     /// nonempty) and ending at the value count, uint64 shapes `[n, ndim]` agreeing with the
     /// offsets, at most `i32::MAX` values.
     pub fn validate(&self, dtype: DType, ndim: usize) -> Result<ValidRagged<'a>> {
+        self.validate_with(dtype, ndim, false)
+    }
+
+    /// [`RaggedInput::validate`], with empty records (equal consecutive offsets, a zero extent
+    /// in the shape) accepted when `allow_empty`.
+    pub fn validate_with(&self, dtype: DType, ndim: usize, allow_empty: bool) -> Result<ValidRagged<'a>> {
         let v = &self.values;
         if v.dtype != dtype {
             return Err(Error::DtypeMismatch { expected: dtype.to_string(), found: v.dtype.to_string() });
@@ -510,9 +562,9 @@ impl<'a> RaggedInput<'a> {
         }
         for k in 0..n {
             let (a, b) = (cu[k], cu[k + 1]);
-            if b <= a {
+            if b < a || (b == a && !allow_empty) {
                 return Err(Error::ragged(if b == a {
-                    format!("record {k} is empty (cu_seqlens[{k}] == cu_seqlens[{}] == {a}); stored records must be nonempty", k + 1)
+                    format!("record {k} is empty (cu_seqlens[{k}] == cu_seqlens[{}] == {a}); stored records must be nonempty unless the writer allows empty records (allow_empty)", k + 1)
                 } else {
                     format!("cu_seqlens must strictly increase: cu_seqlens[{}] = {b} < cu_seqlens[{k}] = {a}", k + 1)
                 }));

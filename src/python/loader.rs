@@ -6,10 +6,12 @@ use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 
-use crate::loader::{IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView, Value};
+use crate::loader::{IdSource, Loader, LoaderOptions, Mode, PositionBatch, Sampler, SourceView};
+use crate::store::Batch;
 use crate::python::errors::{to_py, IntoPy};
 use crate::python::input::Imported;
 use crate::python::memory::{PyDLTensor, PyRaggedBatch};
+use crate::python::source::{source_view_of, PySourceView};
 use crate::python::store::{PyDenseView, PyRaggedView};
 use crate::dtype::DType;
 
@@ -123,14 +125,14 @@ impl PySampler {
 
 type StepResult = PyResult<Py<PyAny>>;
 
-fn shards_to_py(py: Python<'_>, shards: Vec<Shard>) -> PyResult<Bound<'_, PyList>> {
+fn parts_to_py(py: Python<'_>, parts: Vec<PositionBatch>) -> PyResult<Bound<'_, PyList>> {
     let list = PyList::empty(py);
-    for s in shards {
+    for s in parts {
         let d = PyDict::new(py);
         for (name, v) in s.values {
             match v {
-                Value::Dense(t) => d.set_item(name, Py::new(py, PyDLTensor::new(t, true))?)?,
-                Value::Ragged(b) => d.set_item(name, Py::new(py, PyRaggedBatch::owned(b))?)?,
+                Batch::Dense(t) => d.set_item(name, Py::new(py, PyDLTensor::new(t, true))?)?,
+                Batch::Ragged(b) => d.set_item(name, Py::new(py, PyRaggedBatch::owned(b))?)?,
             }
         }
         list.append(d)?;
@@ -164,19 +166,20 @@ pub struct PyLoader {
     inner: Mutex<Option<Loader<StepResult>>>,
 }
 
-fn stream_views(streams: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<StreamView>)>> {
+fn stream_views(streams: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<SourceView>)>> {
     let mut out = Vec::new();
     for (k, v) in streams.iter() {
         let name: String = k.extract().map_err(|_| PyTypeError::new_err("stream names must be strings"))?;
         let mut views = Vec::new();
         for item in v.try_iter().map_err(|_| PyTypeError::new_err(format!("stream '{name}' must map to a list of views")))? {
             let item = item?;
-            if let Ok(d) = item.cast::<PyDenseView>() {
-                views.push(StreamView::Dense(d.get().view_clone()?));
-            } else if let Ok(r) = item.cast::<PyRaggedView>() {
-                views.push(StreamView::Ragged(r.get().view_clone()?));
+            if item.is_instance_of::<PyDenseView>() || item.is_instance_of::<PyRaggedView>() || item.is_instance_of::<PySourceView>() {
+                views.push(source_view_of(&item, &Default::default(), true)?);
             } else {
-                return Err(PyTypeError::new_err(format!("stream '{name}' holds a {}, expected DenseView or RaggedView", item.get_type().name()?)));
+                return Err(PyTypeError::new_err(format!(
+                    "stream '{name}' holds a {}, expected DenseView, RaggedView or SourceView",
+                    item.get_type().name()?
+                )));
             }
         }
         out.push((name, views));
@@ -201,9 +204,9 @@ impl PyLoader {
     ) -> PyResult<Self> {
         let views = stream_views(streams)?;
         let options = LoaderOptions { workers, prefetch, rank, world_size };
-        let make = move |_step: u64, shards: Vec<Shard>| -> StepResult {
+        let make = move |_step: u64, parts: Vec<PositionBatch>| -> StepResult {
             Python::attach(|py| {
-                let list = shards_to_py(py, shards)?;
+                let list = parts_to_py(py, parts)?;
                 match &transform {
                     Some(f) => Ok(f.bind(py).call1((list,))?.unbind()),
                     None => Ok(list.into_any().unbind()),

@@ -118,9 +118,9 @@ unsafe extern "C" fn legacy_capsule_destructor(capsule: *mut ffi::PyObject) {
 }
 
 /// Export a tensor as a DLPack capsule (versioned when the consumer asks for >= 1.0).
-pub(crate) fn dlpack_capsule<'py>(py: Python<'py>, t: &Tensor, versioned: bool) -> PyResult<Bound<'py, PyCapsule>> {
+pub(crate) fn dlpack_capsule<'py>(py: Python<'py>, t: &Tensor, versioned: bool, read_only: bool) -> PyResult<Bound<'py, PyCapsule>> {
     if versioned {
-        let m = t.to_dlpack_versioned(false);
+        let m = t.to_dlpack_versioned(read_only);
         // SAFETY: `m` is a live managed tensor owned by the capsule from now on; the destructor
         // frees it unless a consumer renames the capsule (then the consumer calls the deleter).
         unsafe { PyCapsule::new_with_pointer_and_destructor(py, m.cast::<c_void>(), VERSIONED, Some(versioned_capsule_destructor)) }
@@ -137,11 +137,20 @@ pub struct PyDLTensor {
     tensor: Tensor,
     /// True when axis 0 is a batch of records (Arrow export makes one row per record).
     batched: bool,
+    /// Exported with DLPack's read-only flag (batch metadata: `cu_seqlens`, `shapes`).
+    read_only: bool,
 }
 
 impl PyDLTensor {
     pub(crate) fn new(tensor: Tensor, batched: bool) -> Self {
-        PyDLTensor { tensor, batched }
+        PyDLTensor { tensor, batched, read_only: false }
+    }
+
+    /// A tensor exported read-only where the consumer honours DLPack's flag (versioned
+    /// DLPack; NumPy >= 2.1 then makes a read-only array). Rust re-checks such metadata
+    /// before trusting it anyway: legacy DLPack has no flag.
+    pub(crate) fn read_only(tensor: Tensor) -> Self {
+        PyDLTensor { tensor, batched: false, read_only: true }
     }
 
     pub(crate) fn tensor(&self) -> &Tensor {
@@ -189,9 +198,9 @@ impl PyDLTensor {
             let a = Allocator::cpu(0);
             let fresh = Tensor::from_slice(&a, self.tensor.as_bytes(), &[self.tensor.nbytes()]).py_err()?;
             let t = fresh.reinterpret(self.tensor.dtype(), self.tensor.shape().to_vec()).py_err()?;
-            return dlpack_capsule(py, &t, versioned);
+            return dlpack_capsule(py, &t, versioned, false);
         }
-        dlpack_capsule(py, &self.tensor, versioned)
+        dlpack_capsule(py, &self.tensor, versioned, self.read_only)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
@@ -279,7 +288,8 @@ impl PyRaggedBatch {
         match &self.repr {
             RaggedRepr::Owned(b) => {
                 let t = [b.values(), b.cu_seqlens(), b.shapes()][which].clone();
-                Ok(Py::new(py, PyDLTensor::new(t, false))?.into_any())
+                let t = if which == 0 { PyDLTensor::new(t, false) } else { PyDLTensor::read_only(t) };
+                Ok(Py::new(py, t)?.into_any())
             }
             RaggedRepr::Foreign { values, cu_seqlens, shapes } => Ok([values, cu_seqlens, shapes][which].clone_ref(py)),
         }

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple};
 
-use crate::arrow::{dense_to_arrow, ragged_to_arrow, to_record_batch};
+use crate::arrow::{column_from_ragged, dense_to_arrow, to_record_batch};
 use crate::dtype::DType;
 use crate::memory::Tensor;
 use crate::python::errors::{to_py, IntoPy};
@@ -128,7 +128,7 @@ pub struct PyRaggedWriter {
 writer_class!(PyRaggedWriter, {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (path, dtype, ndim, codec, dict_bytes = None, data_shards = 4, level = 3))]
+    #[pyo3(signature = (path, dtype, ndim, codec, dict_bytes = None, data_shards = 4, level = 3, logical = "tensor", allow_empty = false))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -138,9 +138,12 @@ writer_class!(PyRaggedWriter, {
         dict_bytes: Option<Vec<u8>>,
         data_shards: usize,
         level: i32,
+        logical: &str,
+        allow_empty: bool,
     ) -> PyResult<Self> {
         let dtype = dtype_arg(dtype)?;
-        let opts = options(codec, dict_bytes, data_shards, level)?;
+        let logical: crate::store::Logical = logical.parse().py_err()?;
+        let opts = options(codec, dict_bytes, data_shards, level)?.logical(logical).allow_empty(allow_empty);
         let p = path.clone();
         let w = py.detach(move || RaggedWriter::create(&p, dtype, ndim, opts)).py_err()?;
         Ok(PyRaggedWriter { inner: Mutex::new(Some(w)), path })
@@ -197,7 +200,7 @@ impl OpenFlag {
 macro_rules! store_class {
     ($ty:ident, $store:ident, { $($extra:tt)* }) => {
         impl $ty {
-            fn store(&self) -> PyResult<$store> {
+            pub(crate) fn store(&self) -> PyResult<$store> {
                 self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| PyValueError::new_err("store is closed"))
             }
             fn wrap(s: $store) -> Self {
@@ -229,6 +232,16 @@ macro_rules! store_class {
             #[getter]
             fn codec(&self) -> PyResult<&'static str> {
                 Ok(self.store()?.codec().name())
+            }
+            /// What the records mean: "tensor", "utf8" or "binary" (format version 2).
+            #[getter]
+            fn logical(&self) -> PyResult<&'static str> {
+                Ok(self.store()?.logical().name())
+            }
+            /// The format version the store was written with.
+            #[getter]
+            fn format_version(&self) -> PyResult<u32> {
+                Ok(self.store()?.format_version())
             }
             #[getter]
             fn path(&self) -> PyResult<PathBuf> {
@@ -324,7 +337,7 @@ pub(crate) fn open(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
 }
 
 /// A parsed index expression.
-enum Selection<'py> {
+pub(crate) enum Selection<'py> {
     One(u64),
     List(Vec<u64>),
     Borrowed(Imported<'py>),
@@ -332,7 +345,7 @@ enum Selection<'py> {
 }
 
 impl Selection<'_> {
-    fn ids(&self) -> PyResult<Ids<'_>> {
+    pub(crate) fn ids(&self) -> PyResult<Ids<'_>> {
         Ok(match self {
             Selection::One(i) => Ids::List(std::slice::from_ref(i)),
             Selection::List(v) => Ids::List(v),
@@ -359,7 +372,7 @@ fn index_value(x: &Bound<'_, PyAny>, len: u64) -> PyResult<u64> {
     Ok(i as u64)
 }
 
-fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Selection<'py>> {
+pub(crate) fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Selection<'py>> {
     if key.is_instance_of::<PyInt>() {
         return Ok(Selection::One(index_value(key, len)?));
     }
@@ -603,7 +616,7 @@ impl PyRaggedView {
         };
         let ids = sel.ids()?;
         let b = py.detach(|| self.view.gather_ids(ids)).py_err()?;
-        Ok(PyArrowBatch::new(to_record_batch(vec![ragged_to_arrow("data", &b).py_err()?]).py_err()?))
+        Ok(PyArrowBatch::new(to_record_batch(vec![column_from_ragged("data", &b, self.view.logical()).py_err()?]).py_err()?))
     }
 
     fn __repr__(&self) -> String {

@@ -25,12 +25,12 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
 
-use crate::arrow::Logical;
+use crate::arrow::stream_field;
 use crate::error::{Error, Result};
-use crate::loader::{value_column, IdSource, Loader, LoaderOptions, Mode, Sampler, Shard, StreamView};
+use crate::loader::{position_record_batch, IdSource, Loader, LoaderOptions, Mode, PositionBatch, Sampler, SourceView, STEP_COLUMN};
 use crate::query::df_err;
-use crate::query::table::{ZrecordTable, ID_COLUMN};
-use crate::store::Store;
+use crate::query::table::ZrecordTable;
+use crate::store::Layout;
 
 fn arg_err(func: &str, msg: impl fmt::Display) -> datafusion::error::DataFusionError {
     df_err(Error::invalid("argument", format!("{func}: {msg}")))
@@ -142,33 +142,44 @@ pub fn info_batch(table: &ZrecordTable) -> Result<RecordBatch> {
     let ds = table.dataset();
     let mut cols: [Vec<String>; 7] = Default::default();
     let (mut records, mut shards, mut raw, mut stored, mut files, mut ratio, mut level) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut paths: Vec<String> = vec![];
     for s in ds.streams() {
-        let st = s.store.stats();
-        let (kind, shape) = match &s.store {
-            Store::Dense(d) => ("dense", format!("{:?}", d.item_shape())),
-            Store::Ragged(r) => ("ragged", format!("ndim {}", r.ndim())),
+        let store = s.store();
+        // Sources that are not local stores have no file statistics: zeros, codec "-".
+        let st = store.as_ref().map(|x| x.stats()).unwrap_or(crate::store::StoreStats {
+            record_count: s.source.len(),
+            raw_bytes: 0,
+            stored_bytes: 0,
+            file_bytes: 0,
+            data_shards: 0,
+            level: 0,
+        });
+        let layout = s.layout();
+        let shape = match &layout {
+            Layout::Dense { item_shape } => format!("{item_shape:?}"),
+            Layout::Ragged { ndim } => format!("ndim {ndim}"),
         };
-        let arrow_type = s.layout().field(&s.name)?.data_type().to_string();
+        let arrow_type = stream_field(&s.name, s.source.as_ref())?.data_type().to_string();
         for (c, v) in cols.iter_mut().zip([
             s.name.clone(),
-            kind.to_string(),
-            s.store.dtype().to_string(),
+            layout.kind_name().to_string(),
+            s.source.dtype().to_string(),
             shape,
-            s.logical.name().to_string(),
-            s.store.codec().name().to_string(),
+            s.logical().name().to_string(),
+            store.as_ref().map(|x| x.codec().name().to_string()).unwrap_or_else(|| "-".into()),
             arrow_type,
         ]) {
             c.push(v);
         }
-        records.push(s.store.len());
+        records.push(s.source.len());
         shards.push(st.data_shards);
         raw.push(st.raw_bytes);
         stored.push(st.stored_bytes);
         files.push(st.file_bytes);
         ratio.push(st.compression_ratio());
         level.push(st.level);
+        paths.push(store.map(|x| x.path().display().to_string()).unwrap_or_else(|| s.source.name()));
     }
-    let paths: Vec<String> = ds.streams().iter().map(|s| s.store.path().display().to_string()).collect();
     let str_col = |v: &Vec<String>| Arc::new(StringArray::from(v.clone())) as ArrayRef;
     let names = ["stream", "kind", "dtype", "shape", "logical", "codec", "arrow_type"];
     let mut fields: Vec<Field> = names.iter().map(|n| Field::new(*n, DataType::Utf8, false)).collect();
@@ -228,7 +239,7 @@ pub struct LoaderTable {
 impl LoaderTable {
     fn new(table: ZrecordTable, batch_size: usize, mode: Mode, seed: u64, steps: Option<u64>) -> DfResult<Self> {
         let base = table.schema();
-        let mut fields = vec![Arc::new(Field::new("_step", DataType::UInt64, false))];
+        let mut fields = vec![Arc::new(Field::new(STEP_COLUMN, DataType::UInt64, false))];
         fields.extend(base.fields().iter().cloned()); // `_id` first, then streams
         Ok(LoaderTable { table, schema: Arc::new(Schema::new(fields)), batch_size, mode, seed, steps })
     }
@@ -311,22 +322,15 @@ impl ExecutionPlan for LoaderExec {
             return Err(df_err(Error::invalid("partition", format!("LoaderExec has one partition, asked for {partition}"))));
         }
         let t = &self.table;
-        let sampler = Sampler::new(t.table.dataset().len(), t.batch_size, t.mode, t.seed).map_err(df_err)?;
+        let sampler = Sampler::new(t.table.dataset().len(), t.batch_size, t.mode, t.seed)?;
         let names: Vec<String> = self.projection.iter().map(|&i| t.schema.field(i).name().clone()).collect();
         let ds = t.table.dataset();
         let mut streams = Vec::new();
-        let mut logical = Vec::new();
         for s in ds.streams() {
             if !names.contains(&s.name) {
                 continue; // unselected streams are never read
             }
-            let alloc = t.table.allocator();
-            let view = match &s.store {
-                Store::Dense(d) => StreamView::Dense(d.bind(alloc)),
-                Store::Ragged(r) => StreamView::Ragged(r.bind(alloc)),
-            };
-            streams.push((s.name.clone(), vec![view]));
-            logical.push((s.name.clone(), s.logical));
+            streams.push((s.name.clone(), vec![SourceView::new(s.source.clone(), t.table.allocator())]));
         }
         let schema = self.schema.clone();
         let steps = self.steps;
@@ -338,18 +342,17 @@ impl ExecutionPlan for LoaderExec {
                     return None;
                 }
                 let ids = sampler.batch(step);
-                let shard = Shard { step, ids, values: vec![] };
+                let part = PositionBatch { step, position: 0, ids, values: vec![] };
                 step += 1;
-                Some(step_batch(&schema, &names, &logical, shard).map_err(df_err))
+                Some(position_record_batch(&schema, &[], &part).map_err(Into::into))
             }))
         } else {
             let options = LoaderOptions { workers: 0, prefetch: 1, rank: 0, world_size: 1 };
-            let (schema2, names2, logical2) = (schema.clone(), names.clone(), logical.clone());
-            let mut loader = Loader::with_transform(streams, IdSource::Stateless(sampler), options, move |_, mut shards: Vec<Shard>| {
-                let shard = shards.pop().ok_or_else(|| Error::invalid("loader", "no shard"))?;
-                step_batch(&schema2, &names2, &logical2, shard)
-            })
-            .map_err(df_err)?;
+            let (schema2, streams2) = (schema.clone(), streams.clone());
+            let mut loader = Loader::with_transform(streams, IdSource::Stateless(sampler), options, move |_, mut parts: Vec<PositionBatch>| {
+                let part = parts.pop().ok_or_else(|| Error::invalid("loader", "no position batch"))?;
+                position_record_batch(&schema2, &streams2, &part)
+            })?;
             let mut done = 0u64;
             Box::new(std::iter::from_fn(move || {
                 if steps.is_some_and(|s| done >= s) {
@@ -357,29 +360,11 @@ impl ExecutionPlan for LoaderExec {
                 }
                 done += 1;
                 match loader.next_step()? {
-                    Ok(r) => Some(r.map_err(df_err)),
-                    Err(e) => Some(Err(df_err(e))),
+                    Ok(r) => Some(r.map_err(Into::into)),
+                    Err(e) => Some(Err(e.into())),
                 }
             }))
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), futures::stream::iter(iter))))
     }
-}
-
-fn step_batch(schema: &SchemaRef, names: &[String], logical: &[(String, Logical)], shard: Shard) -> Result<RecordBatch> {
-    let n = shard.ids.len();
-    let mut cols: Vec<ArrayRef> = Vec::with_capacity(names.len());
-    for name in names {
-        cols.push(match name.as_str() {
-            "_step" => Arc::new(UInt64Array::from(vec![shard.step; n])),
-            ID_COLUMN => Arc::new(UInt64Array::from(shard.ids.clone())),
-            _ => {
-                let v = &shard.values.iter().find(|(s, _)| s == name).ok_or_else(|| Error::invalid("loader", format!("stream '{name}' missing")))?.1;
-                let lg = logical.iter().find(|(s, _)| s == name).map(|x| x.1).unwrap_or_default();
-                value_column(name, v, lg)?.1
-            }
-        });
-    }
-    let opts = arrow_array::RecordBatchOptions::new().with_row_count(Some(n));
-    RecordBatch::try_new_with_options(schema.clone(), cols, &opts).map_err(|e| Error::invalid("arrow", e.to_string()))
 }

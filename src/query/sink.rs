@@ -30,7 +30,7 @@ use datafusion::object_store::{ObjectMeta, ObjectStore};
 
 use crate::arrow::ColumnLayout;
 use crate::error::{Error, Result};
-use crate::query::dataset::DatasetWriter;
+use crate::arrow::DatasetWriter;
 use crate::query::table::{ZrecordTable, ID_COLUMN};
 use crate::query::df_err;
 use crate::store::{Codec, WriterOptions};

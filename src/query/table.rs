@@ -3,8 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
@@ -20,38 +19,13 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
 
-use crate::arrow::{column_from_ragged, dense_to_arrow, Logical};
+pub use crate::arrow::ID_COLUMN;
+use crate::arrow::{ScanColumn, Scanner};
 use crate::error::{Error, Result};
 use crate::memory::Allocator;
-use crate::query::dataset::Dataset;
 use crate::query::ids::{id_filter, IdSet};
-use crate::query::df_err;
-use crate::store::{DenseView, Ids, RaggedView, Store};
-
-/// The virtual id column.
-pub const ID_COLUMN: &str = "_id";
-
-/// Target bytes of one output batch (rows are capped below the session's `batch_size` to stay
-/// near it).
-pub const BATCH_BYTES: u64 = 32 << 20;
-
-/// Which records a table (or one scan partition) covers.
-#[derive(Clone, Debug)]
-pub enum Selection {
-    /// Id ranges, read in id order.
-    Set(IdSet),
-    /// Explicit ids in the given order, duplicates kept (the `gather` table function).
-    List(Arc<Vec<u64>>),
-}
-
-impl Selection {
-    fn count(&self) -> u64 {
-        match self {
-            Selection::Set(s) => s.count(),
-            Selection::List(l) => l.len() as u64,
-        }
-    }
-}
+use crate::store::{Dataset, ReadOptions};
+pub use crate::store::Selection;
 
 /// A store or dataset root as a table: one column per stream plus `_id` (UInt64, the record's
 /// logical id), with projection, limit and exact `_id` filter pushdown.
@@ -59,8 +33,8 @@ impl Selection {
 pub struct ZrecordTable {
     dataset: Dataset,
     schema: SchemaRef,
-    /// Stream index of each schema column (`None` for `_id`).
-    columns: Vec<Option<usize>>,
+    /// What each schema column reads.
+    columns: Vec<ScanColumn>,
     order: Option<Arc<Vec<u64>>>,
     allocator: Allocator,
 }
@@ -85,13 +59,16 @@ impl ZrecordTable {
 
     /// A table over an opened dataset.
     pub fn new(dataset: Dataset) -> Result<ZrecordTable> {
-        let mut fields = vec![Arc::new(Field::new(ID_COLUMN, DataType::UInt64, false))];
-        let mut columns = vec![None];
-        for (i, s) in dataset.streams().iter().enumerate() {
-            fields.push(s.layout().field(&s.name)?);
-            columns.push(Some(i));
-        }
-        Ok(ZrecordTable { dataset, schema: Arc::new(Schema::new(fields)), columns, order: None, allocator: default_allocator() })
+        let allocator = default_allocator();
+        let scanner = Scanner::new(dataset.clone(), &allocator);
+        let columns = scanner.all_columns();
+        let schema = scanner.schema(&columns)?;
+        Ok(ZrecordTable { dataset, schema, columns, order: None, allocator })
+    }
+
+    /// A scanner of the table's dataset, gathering into its allocator.
+    pub fn scanner(&self) -> Scanner {
+        Scanner::new(self.dataset.clone(), &self.allocator)
     }
 
     /// The same table restricted to `ids`, in that order, duplicates kept (each checked
@@ -161,7 +138,7 @@ impl TableProvider for ZrecordTable {
         let mut pushed = IdSet::all(n);
         let mut any_filter = false;
         for f in filters {
-            let s = id_filter(f, n).ok_or_else(|| df_err(Error::invalid("filter", format!("filter {f} cannot be pushed into a zrecord scan"))))?;
+            let s = id_filter(f, n).ok_or_else(|| Error::invalid("filter", format!("filter {f} cannot be pushed into a zrecord scan")))?;
             pushed = pushed.intersect(&s);
             any_filter = true;
         }
@@ -180,16 +157,9 @@ impl TableProvider for ZrecordTable {
         let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..self.schema.fields().len()).collect());
         let config = state.config();
         // Rows per batch: the session's batch_size, capped so that one batch of the projected
-        // streams stays near BATCH_BYTES (8192 rows of 150 KB images would be 1.2 GB).
-        let row_bytes: u64 = projection
-            .iter()
-            .filter_map(|&c| self.columns[c])
-            .map(|s| {
-                let st = &self.dataset.streams()[s].store;
-                st.stats().raw_bytes / st.len().max(1)
-            })
-            .sum();
-        let batch_size = config.batch_size().min((BATCH_BYTES / row_bytes.max(1)).max(1) as usize);
+        // streams stays near BATCH_BYTES.
+        let cols: Vec<ScanColumn> = projection.iter().map(|&c| self.columns[c]).collect();
+        let batch_size = self.scanner().rows_per_batch(&cols, config.batch_size());
         let partitions = match &selection {
             // Explicit order: one ordered partition (the gather itself runs in parallel).
             Selection::List(_) => vec![selection.clone()],
@@ -245,7 +215,13 @@ impl ZrecordScanExec {
 
     /// Names of the streams the scan reads.
     pub fn streams_read(&self) -> Vec<String> {
-        self.projection.iter().filter_map(|&c| self.table.columns[c]).map(|s| self.table.dataset.streams()[s].name.clone()).collect()
+        self.projection
+            .iter()
+            .filter_map(|&c| match self.table.columns[c] {
+                ScanColumn::Stream(s) => Some(self.table.dataset.streams()[s].name.clone()),
+                ScanColumn::Id => None,
+            })
+            .collect()
     }
 }
 
@@ -281,176 +257,16 @@ impl ExecutionPlan for ZrecordScanExec {
     }
 
     fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
-        let sel = self.partitions.get(partition).cloned().ok_or_else(|| df_err(Error::invalid("partition", format!("{partition} of {}", self.partitions.len()))))?;
+        let sel = self
+            .partitions
+            .get(partition)
+            .cloned()
+            .ok_or_else(|| Error::invalid("partition", format!("{partition} of {}", self.partitions.len())))?;
         // Several partitions already run in parallel: each gathers single-threaded then.
-        let parallel = self.partitions.len() == 1;
-        let mut sources = Vec::with_capacity(self.projection.len());
-        for &c in &self.projection {
-            sources.push(match self.table.columns[c] {
-                None => Source::Id,
-                Some(s) => {
-                    let st = &self.table.dataset.streams()[s];
-                    match &st.store {
-                        Store::Dense(d) => {
-                            let mut v = d.bind(&self.table.allocator);
-                            v.set_parallel(parallel);
-                            Source::Dense(st.name.clone(), v)
-                        }
-                        Store::Ragged(r) => {
-                            let mut v = r.bind(&self.table.allocator);
-                            v.set_parallel(parallel);
-                            Source::Ragged(st.name.clone(), v, st.logical)
-                        }
-                    }
-                }
-            });
-        }
-        let iter = ScanIter { schema: self.schema.clone(), sources, chunks: Chunks::new(sel, self.batch_size) };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), futures::stream::iter(iter))))
-    }
-}
-
-/// One projected column's source.
-pub(crate) enum Source {
-    Id,
-    Dense(String, DenseView),
-    Ragged(String, RaggedView, Logical),
-}
-
-impl Source {
-    /// The column of `ids`.
-    pub(crate) fn column(&self, ids: &ChunkIds) -> Result<ArrayRef> {
-        Ok(match self {
-            Source::Id => Arc::new(UInt64Array::from(ids.to_vec())),
-            Source::Dense(name, v) => dense_to_arrow(name, &v.gather_ids(ids.ids())?)?.1,
-            Source::Ragged(name, v, logical) => column_from_ragged(name, &v.gather_ids(ids.ids())?, *logical)?.1,
-        })
-    }
-}
-
-/// One batch worth of ids: a contiguous run or an explicit list.
-pub(crate) enum ChunkIds {
-    Run(u64, usize),
-    List(Vec<u64>),
-}
-
-impl ChunkIds {
-    fn ids(&self) -> Ids<'_> {
-        match self {
-            ChunkIds::Run(start, len) => Ids::Range { start: *start, step: 1, len: *len },
-            ChunkIds::List(l) => Ids::List(l),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            ChunkIds::Run(_, n) => *n,
-            ChunkIds::List(l) => l.len(),
-        }
-    }
-
-    fn to_vec(&self) -> Vec<u64> {
-        match self {
-            ChunkIds::Run(s, n) => (*s..*s + *n as u64).collect(),
-            ChunkIds::List(l) => l.clone(),
-        }
-    }
-}
-
-/// Cuts a selection into batches of at most `batch_size` ids.
-struct Chunks {
-    sel: Selection,
-    range: usize,
-    at: u64,
-    batch_size: usize,
-}
-
-impl Chunks {
-    fn new(sel: Selection, batch_size: usize) -> Chunks {
-        let at = match &sel {
-            Selection::Set(s) => s.ranges().first().map(|r| r.start).unwrap_or(0),
-            Selection::List(_) => 0,
-        };
-        Chunks { sel, range: 0, at, batch_size }
-    }
-}
-
-impl Iterator for Chunks {
-    type Item = ChunkIds;
-
-    fn next(&mut self) -> Option<ChunkIds> {
-        match &self.sel {
-            Selection::List(l) => {
-                let lo = self.at as usize;
-                if lo >= l.len() {
-                    return None;
-                }
-                let hi = (lo + self.batch_size).min(l.len());
-                self.at = hi as u64;
-                Some(ChunkIds::List(l[lo..hi].to_vec()))
-            }
-            Selection::Set(s) => {
-                // Take up to batch_size ids, range by range; one piece is a contiguous run.
-                let ranges = s.ranges();
-                let mut pieces: Vec<(u64, usize)> = Vec::new();
-                let mut want = self.batch_size;
-                while want > 0 && self.range < ranges.len() {
-                    let r = &ranges[self.range];
-                    let take = ((r.end - self.at) as usize).min(want);
-                    pieces.push((self.at, take));
-                    self.at += take as u64;
-                    want -= take;
-                    if self.at >= r.end {
-                        self.range += 1;
-                        self.at = ranges.get(self.range).map(|n| n.start).unwrap_or(self.at);
-                    }
-                }
-                match pieces[..] {
-                    [] => None,
-                    [(start, len)] => Some(ChunkIds::Run(start, len)),
-                    _ => Some(ChunkIds::List(pieces.iter().flat_map(|&(s, n)| s..s + n as u64).collect())),
-                }
-            }
-        }
-    }
-}
-
-struct ScanIter {
-    schema: SchemaRef,
-    sources: Vec<Source>,
-    chunks: Chunks,
-}
-
-impl Iterator for ScanIter {
-    type Item = DfResult<RecordBatch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let ids = self.chunks.next()?;
-        let build = || -> Result<RecordBatch> {
-            let cols = self.sources.iter().map(|s| s.column(&ids)).collect::<Result<Vec<_>>>()?;
-            let opts = RecordBatchOptions::new().with_row_count(Some(ids.len()));
-            RecordBatch::try_new_with_options(self.schema.clone(), cols, &opts).map_err(|e| Error::invalid("arrow", e.to_string()))
-        };
-        Some(build().map_err(df_err))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn collect(sel: Selection, bs: usize) -> Vec<Vec<u64>> {
-        Chunks::new(sel, bs).map(|c| c.to_vec()).collect()
-    }
-
-    #[test]
-    fn chunks_cover_selection_in_order() {
-        let s = IdSet::from_ranges(vec![0..5, 7..8, 10..13]);
-        assert_eq!(collect(Selection::Set(s.clone()), 4), vec![vec![0, 1, 2, 3], vec![4, 7, 10, 11], vec![12]]);
-        assert_eq!(collect(Selection::Set(s), 100), vec![vec![0, 1, 2, 3, 4, 7, 10, 11, 12]]);
-        assert!(collect(Selection::Set(IdSet::empty()), 4).is_empty());
-        assert_eq!(collect(Selection::List(Arc::new(vec![5, 1, 5])), 2), vec![vec![5, 1], vec![5]]);
-        // A chunk inside one range is a contiguous run.
-        assert!(matches!(Chunks::new(Selection::Set(IdSet::all(10)), 4).next(), Some(ChunkIds::Run(0, 4))));
+        let options = ReadOptions { parallel: self.partitions.len() == 1, ..ReadOptions::default() };
+        let cols: Vec<ScanColumn> = self.projection.iter().map(|&c| self.table.columns[c]).collect();
+        let reader = self.table.scanner().with_options(options).scan(sel, &cols, self.batch_size)?;
+        let stream = futures::stream::iter(reader.map(|r| r.map_err(datafusion::error::DataFusionError::from)));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
     }
 }

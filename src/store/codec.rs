@@ -154,7 +154,7 @@ impl Decoder {
             let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
             Some(pooled.unwrap_or_else(DCtx::create))
         };
-        DecodeContext { decoder: self, dctx }
+        DecodeContext { decoder: self, dctx, scratch: Vec::new() }
     }
 }
 
@@ -162,6 +162,8 @@ impl Decoder {
 pub(crate) struct DecodeContext<'a> {
     decoder: &'a Decoder,
     dctx: Option<DCtx<'static>>,
+    /// Stored bytes read from a byte source without a mapping (reused across records).
+    pub(crate) scratch: Vec<u8>,
 }
 
 impl DecodeContext<'_> {

@@ -12,7 +12,9 @@ use crate::store::format::{Kind, MAX_RECORD_BYTES};
 use crate::store::gather::{gather_dense, Ids};
 use crate::store::reader::StoreCore;
 use crate::store::writer::{WriterCore, WriterOptions};
-use crate::store::StoreStats;
+use crate::store::format::Logical;
+use crate::store::source::{Batch, Layout, ReadOptions, RecordSource, SourceView};
+use crate::store::{Store, StoreStats};
 
 /// Builds a dense store. Records are appended in order; [`DenseWriter::finish`] publishes.
 /// Dropping an unfinished writer removes everything it wrote.
@@ -222,6 +224,11 @@ impl DenseView {
         self.core.codec
     }
 
+    /// What the records mean (`tensor`, or `utf8` / `binary` byte strings).
+    pub fn logical(&self) -> Logical {
+        self.core.logical
+    }
+
     /// The store this view reads.
     pub fn store(&self) -> DenseStore {
         DenseStore::from_core(self.core.clone())
@@ -250,7 +257,7 @@ impl DenseView {
     pub fn get(&self, id: u64) -> Result<Tensor> {
         let t = gather_dense(&self.core, &self.allocator, Ids::List(&[id]), self.verify, self.parallel)?;
         let shape = self.core.item_shape.clone();
-        Ok(t.sub(0, shape))
+        t.sub(0, shape)
     }
 
     /// Records `ids` in that order (duplicates kept), stacked: `[ids.len(), *item_shape]`.
@@ -279,5 +286,43 @@ impl DenseView {
     /// Iterate records in order.
     pub fn iter(&self) -> impl Iterator<Item = Result<Tensor>> + '_ {
         (0..self.len()).map(move |i| self.get(i))
+    }
+}
+
+impl RecordSource for DenseStore {
+    fn name(&self) -> String {
+        self.core.path.display().to_string()
+    }
+
+    fn len(&self) -> u64 {
+        self.core.len
+    }
+
+    fn dtype(&self) -> DType {
+        self.core.dtype
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::Dense { item_shape: self.core.item_shape.clone() }
+    }
+
+    fn logical(&self) -> Logical {
+        self.core.logical
+    }
+
+    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
+        gather_dense(&self.core, allocator, ids, options.verify_checksums, options.parallel).map(Batch::Dense)
+    }
+
+    fn store(&self) -> Option<Store> {
+        Some(Store::Dense(self.clone()))
+    }
+}
+
+impl From<DenseView> for SourceView {
+    /// The generic view of the same store, allocator and options.
+    fn from(v: DenseView) -> SourceView {
+        let options = ReadOptions { verify_checksums: v.verify, parallel: v.parallel };
+        SourceView::new(Arc::new(DenseStore::from_core(v.core)), &v.allocator).with_options(options)
     }
 }

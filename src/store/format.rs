@@ -1,4 +1,4 @@
-//! The on-disk format, version 1.
+//! The on-disk format, version 2 (readers also read version 1).
 //!
 //! A store is a folder:
 //!
@@ -27,6 +27,13 @@
 //! `manifest.json` names every file with its size and whole-file xxh3, so `open` detects
 //! truncation and a damaged manifest (its checksum covers the exact bytes of the `manifest`
 //! member) in O(1) time, and `verify` detects any flipped bit. Readers reject other versions.
+//!
+//! Version 2 adds two manifest fields (absent in version 1, where they read as their defaults):
+//! `logical` (what the records mean: `tensor`, or for uint8 ndim-1 ragged stores `utf8` /
+//! `binary`, so a store opened alone reads strings back as strings) and `allow_empty` (ragged
+//! records may be empty: non-decreasing `cu_seqlens`, shapes with zero extents). Binary file
+//! headers carry the version of the writer; the layout of index, shapes and data files is
+//! unchanged.
 
 use std::path::Path;
 
@@ -35,8 +42,10 @@ use twox_hash::XxHash3_64;
 
 use crate::error::{Error, Result};
 
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const MIN_READ_VERSION: u32 = 1;
 /// Manifest file name.
 pub const MANIFEST: &str = "manifest.json";
 /// Index file name.
@@ -83,7 +92,7 @@ pub fn read_header(bytes: &[u8], magic: &[u8; 8], path: &Path) -> Result<(u32, u
         return Err(Error::corrupt(path, format!("bad magic {:?}, expected {:?}", &bytes[..8], std::str::from_utf8(magic).unwrap_or("?"))));
     }
     let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if version != FORMAT_VERSION {
+    if !(MIN_READ_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(Error::UnsupportedVersion { path: path.to_path_buf(), found: version, supported: FORMAT_VERSION });
     }
     let param = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
@@ -169,6 +178,63 @@ impl Kind {
     }
 }
 
+/// What the records of a store mean: tensors, or (uint8 ndim-1 ragged stores only) UTF-8
+/// strings or opaque bytes. Recorded in the manifest from version 2; extensible.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Logical {
+    /// Plain tensors (the default).
+    #[default]
+    Tensor,
+    /// UTF-8 strings: read back as Arrow `Utf8View`.
+    Utf8,
+    /// Opaque bytes: read back as Arrow `Binary`.
+    Binary,
+}
+
+impl Logical {
+    /// `tensor`, `utf8` or `binary`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Logical::Tensor => "tensor",
+            Logical::Utf8 => "utf8",
+            Logical::Binary => "binary",
+        }
+    }
+
+    /// True for the byte-string types (stored as uint8 ndim-1 ragged records).
+    pub fn is_bytes(self) -> bool {
+        matches!(self, Logical::Utf8 | Logical::Binary)
+    }
+}
+
+impl std::str::FromStr for Logical {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Logical> {
+        match s {
+            "tensor" => Ok(Logical::Tensor),
+            "utf8" | "string" | "str" => Ok(Logical::Utf8),
+            "binary" | "bytes" => Ok(Logical::Binary),
+            other => Err(Error::invalid("logical", format!("'{other}' is not a logical type (tensor, utf8, binary)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Logical {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn is_tensor(l: &Logical) -> bool {
+    *l == Logical::Tensor
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// One file listed in the manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
@@ -197,6 +263,12 @@ pub struct Manifest {
     /// Ragged ndim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ndim: Option<u32>,
+    /// What the records mean (version 2; version 1 stores read as `tensor`).
+    #[serde(default, skip_serializing_if = "is_tensor")]
+    pub logical: Logical,
+    /// Ragged records may be empty (version 2, writer opt-in).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_empty: bool,
     /// `"raw"`, `"zstd"` or `"zstd_dict"`.
     pub codec: String,
     /// zstd level (0 for raw).
@@ -251,8 +323,17 @@ impl Manifest {
         if m.format != "zrecord" {
             return Err(Error::corrupt(path, format!("format is '{}', not 'zrecord'", m.format)));
         }
-        if m.version != FORMAT_VERSION {
+        if !(MIN_READ_VERSION..=FORMAT_VERSION).contains(&m.version) {
             return Err(Error::UnsupportedVersion { path: path.to_path_buf(), found: m.version, supported: FORMAT_VERSION });
+        }
+        if m.version < 2 && (m.logical != Logical::Tensor || m.allow_empty) {
+            return Err(Error::corrupt(path, format!("version {} manifest carries version-2 fields", m.version)));
+        }
+        if m.logical.is_bytes() && (m.kind != Kind::Ragged || m.dtype != "uint8" || m.ndim != Some(1)) {
+            return Err(Error::corrupt(path, format!("logical type {} needs a uint8 ndim-1 ragged store", m.logical)));
+        }
+        if m.allow_empty && m.kind != Kind::Ragged {
+            return Err(Error::corrupt(path, "allow_empty is only meaningful for ragged stores"));
         }
         Ok(m)
     }
@@ -275,6 +356,8 @@ mod tests {
             dtype: "int32".into(),
             item_shape: None,
             ndim: Some(1),
+            logical: Logical::Tensor,
+            allow_empty: false,
             codec: "zstd".into(),
             level: 3,
             record_count: 5,
@@ -322,6 +405,8 @@ mod tests {
         assert!(read_header(&h, DATA_MAGIC, p).is_err());
         assert!(read_header(&h[..10], INDEX_MAGIC, p).is_err());
         let mut v = h;
+        v[8] = 1; // version-1 headers still read
+        assert_eq!(read_header(&v, INDEX_MAGIC, p).unwrap(), (24, 7));
         v[8] = 9;
         assert!(matches!(read_header(&v, INDEX_MAGIC, p), Err(Error::UnsupportedVersion { .. })));
     }

@@ -12,7 +12,9 @@ use crate::store::format::{Kind, MAX_RECORD_BYTES};
 use crate::store::gather::{gather_ragged, Ids};
 use crate::store::reader::{StoreCore, MAX_NDIM};
 use crate::store::writer::{WriterCore, WriterOptions};
-use crate::store::StoreStats;
+use crate::store::format::Logical;
+use crate::store::source::{Batch, Layout, ReadOptions, RecordSource, SourceView};
+use crate::store::{Store, StoreStats};
 
 /// Builds a ragged store from packed batches (`values`, `cu_seqlens`, `shapes`).
 ///
@@ -35,6 +37,7 @@ pub struct RaggedWriter {
     core: WriterCore,
     dtype: DType,
     ndim: usize,
+    allow_empty: bool,
 }
 
 impl RaggedWriter {
@@ -46,15 +49,16 @@ impl RaggedWriter {
         if ndim > MAX_NDIM {
             return Err(Error::invalid("ndim", format!("{ndim} exceeds the maximum of {MAX_NDIM}")));
         }
+        let allow_empty = options.allow_empty;
         let core = WriterCore::create(path.as_ref(), Kind::Ragged, dtype, None, Some(ndim), options)?;
-        Ok(RaggedWriter { core, dtype, ndim })
+        Ok(RaggedWriter { core, dtype, ndim, allow_empty })
     }
 
     /// Append a packed batch; returns once it is written. The whole batch is validated first
     /// (a rejected batch writes nothing).
     pub fn append(&mut self, batch: &RaggedInput<'_>) -> Result<()> {
         self.core.check_usable()?;
-        let valid = batch.validate(self.dtype, self.ndim)?;
+        let valid = batch.validate_with(self.dtype, self.ndim, self.allow_empty)?;
         let (cu, shapes) = (&valid.cu_seqlens[..], &valid.shapes[..]);
         let esize = self.dtype.size();
         // Every record is at most 2 GiB (a store limit, beyond the packed-batch rules).
@@ -76,6 +80,11 @@ impl RaggedWriter {
     /// Records appended so far.
     pub fn len(&self) -> u64 {
         self.core.count()
+    }
+
+    /// Whether empty records are accepted ([`WriterOptions::allow_empty`]).
+    pub fn allows_empty(&self) -> bool {
+        self.allow_empty
     }
 
     /// True before the first record.
@@ -211,6 +220,11 @@ impl RaggedView {
         self.core.codec
     }
 
+    /// What the records mean (`tensor`, or `utf8` / `binary` byte strings).
+    pub fn logical(&self) -> Logical {
+        self.core.logical
+    }
+
     /// The store this view reads.
     pub fn store(&self) -> RaggedStore {
         RaggedStore::from_core(self.core.clone())
@@ -264,5 +278,43 @@ impl RaggedView {
     /// Iterate one-record batches in order.
     pub fn iter(&self) -> impl Iterator<Item = Result<RaggedBatch>> + '_ {
         (0..self.len()).map(move |i| self.get(i))
+    }
+}
+
+impl RecordSource for RaggedStore {
+    fn name(&self) -> String {
+        self.core.path.display().to_string()
+    }
+
+    fn len(&self) -> u64 {
+        self.core.len
+    }
+
+    fn dtype(&self) -> DType {
+        self.core.dtype
+    }
+
+    fn layout(&self) -> Layout {
+        Layout::Ragged { ndim: self.core.ndim }
+    }
+
+    fn logical(&self) -> Logical {
+        self.core.logical
+    }
+
+    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
+        gather_ragged(&self.core, allocator, ids, options.verify_checksums, options.parallel).map(Batch::Ragged)
+    }
+
+    fn store(&self) -> Option<Store> {
+        Some(Store::Ragged(self.clone()))
+    }
+}
+
+impl From<RaggedView> for SourceView {
+    /// The generic view of the same store, allocator and options.
+    fn from(v: RaggedView) -> SourceView {
+        let options = ReadOptions { verify_checksums: v.verify, parallel: v.parallel };
+        SourceView::new(Arc::new(RaggedStore::from_core(v.core)), &v.allocator).with_options(options)
     }
 }

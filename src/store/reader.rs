@@ -1,22 +1,26 @@
-//! Opening a store: manifest, memory-mapped index / shapes / data shards, validated sizes, and
-//! per-record reads with bounds and checksum checks. Nothing here is O(record count) except
-//! [`StoreCore::verify`].
+//! Opening a store (manifest, index, shapes, data shards, dictionary: one step each, over a
+//! [`Location`]'s byte sources), validated sizes, and per-record reads with bounds and checksum
+//! checks. Nothing here is O(record count) except [`StoreCore::verify`].
 
-use std::fs::File;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use memmap2::Mmap;
 use rayon::prelude::*;
 use twox_hash::XxHash3_64;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::store::bytes::{source_hash_hex, ByteSource, Location};
 use crate::store::codec::{Codec, DecodeContext, Decoder};
-use crate::store::format::{self, IndexEntry, Kind, Manifest, ENTRY_BYTES, HEADER_BYTES};
+use crate::store::format::{self, IndexEntry, Kind, Logical, Manifest, ENTRY_BYTES, HEADER_BYTES};
 use crate::store::writer::file_hash_hex;
+
+/// Largest manifest accepted (a manifest lists at most 258 files: a few KiB).
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+/// Largest dictionary accepted.
+const MAX_DICTIONARY_BYTES: u64 = 64 << 20;
 
 /// Bytes of an upcoming record that [`StoreCore::prefetch`] asks for (larger records stream
 /// well through the hardware prefetcher once started).
@@ -36,38 +40,6 @@ fn prefetch_line(p: *const u8) {
 
 /// Largest ragged ndim accepted (keeps shape rows on the stack).
 pub(crate) const MAX_NDIM: usize = 32;
-
-/// A read-only mapping of a whole file (empty files have no mapping).
-pub(crate) struct Mapped {
-    pub(crate) path: PathBuf,
-    map: Option<Mmap>,
-}
-
-impl Mapped {
-    fn open(path: PathBuf, expected_len: u64) -> Result<Mapped> {
-        let f = File::open(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::corrupt(&path, "file listed in the manifest is missing"),
-            _ => Error::io(&path, e),
-        })?;
-        let len = f.metadata().map_err(|e| Error::io(&path, e))?.len();
-        if len != expected_len {
-            return Err(Error::corrupt(&path, format!("file is {len} bytes, manifest says {expected_len} (truncated or extended)")));
-        }
-        let map = if len == 0 {
-            None
-        } else {
-            // SAFETY: the file is opened read-only and stores are immutable once published; a
-            // concurrent external modification would violate the store contract (documented),
-            // and every read below is bounds-checked against the mapping length.
-            Some(unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?)
-        };
-        Ok(Mapped { path, map })
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or(&[])
-    }
-}
 
 /// When a read checks the record checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,131 +101,190 @@ pub(crate) struct StoreCore {
     pub(crate) kind: Kind,
     pub(crate) dtype: DType,
     pub(crate) codec: Codec,
+    pub(crate) logical: Logical,
     pub(crate) item_shape: Vec<usize>,
     pub(crate) ndim: usize,
     pub(crate) len: u64,
     /// Dense: decoded bytes per record.
     pub(crate) record_bytes: usize,
-    pub(crate) index: Mapped,
-    pub(crate) shapes: Option<Mapped>,
-    pub(crate) shards: Vec<Mapped>,
+    pub(crate) index: Box<dyn ByteSource>,
+    pub(crate) shapes: Option<Box<dyn ByteSource>>,
+    pub(crate) shards: Vec<Box<dyn ByteSource>>,
     pub(crate) dictionary: Option<Vec<u8>>,
     pub(crate) decoder: Decoder,
     /// Records gathered through this opened store (a counter for tests and metrics).
     pub(crate) records_read: std::sync::atomic::AtomicU64,
 }
 
+/// What the manifest says, checked: the parts of a [`StoreCore`] that need no file but it.
+struct Described {
+    dtype: DType,
+    codec: Codec,
+    item_shape: Vec<usize>,
+    ndim: usize,
+    record_bytes: usize,
+}
+
+/// Step 1: read and check the manifest.
+fn read_manifest(loc: &dyn Location) -> Result<Manifest> {
+    let path = loc.path();
+    let mpath = path.join(format::MANIFEST);
+    match loc.read_small(format::MANIFEST, MAX_MANIFEST_BYTES)? {
+        Some(bytes) => Manifest::from_bytes(&bytes, &mpath),
+        None => Err(Error::NotFound { path: path.to_path_buf(), reason: "no manifest.json (not a published zrecord store)".into() }),
+    }
+}
+
+/// Step 2: the dtype, codec and record geometry the manifest describes.
+fn describe(manifest: &Manifest, mpath: &Path) -> Result<Described> {
+    let bad = |reason: String| Error::corrupt(mpath, reason);
+    let dtype = DType::from_name(&manifest.dtype).map_err(|_| bad(format!("unknown dtype '{}'", manifest.dtype)))?;
+    let codec: Codec = manifest.codec.parse().map_err(|_| bad(format!("unknown codec '{}'", manifest.codec)))?;
+    let s = manifest.data_shards as usize;
+    if !(1..=255).contains(&s) {
+        return Err(bad(format!("data_shards {s} outside 1..=255")));
+    }
+    let (item_shape, ndim, record_bytes) = match manifest.kind {
+        Kind::Dense => {
+            let shape: Vec<usize> = manifest.item_shape.as_ref().ok_or_else(|| bad("dense store without item_shape".into()))?
+                .iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+            let rb = shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+                .filter(|&b| b as u64 <= format::MAX_RECORD_BYTES)
+                .ok_or_else(|| bad(format!("item_shape {shape:?} exceeds the record size limit")))?;
+            let nd = shape.len();
+            (shape, nd, rb)
+        }
+        Kind::Ragged => {
+            let nd = manifest.ndim.ok_or_else(|| bad("ragged store without ndim".into()))? as usize;
+            if nd == 0 || nd > MAX_NDIM {
+                return Err(bad(format!("ragged ndim {nd} outside 1..={MAX_NDIM}")));
+            }
+            (Vec::new(), nd, 0)
+        }
+    };
+    Ok(Described { dtype, codec, item_shape, ndim, record_bytes })
+}
+
+/// The size the manifest lists for file `name`.
+fn listed(manifest: &Manifest, mpath: &Path, name: &str) -> Result<u64> {
+    manifest.file(name).map(|f| f.bytes).ok_or_else(|| Error::corrupt(mpath, format!("manifest does not list {name}")))
+}
+
+/// Step 3: the index, sized for the record count, with its header checked.
+fn open_index(loc: &dyn Location, manifest: &Manifest, mpath: &Path) -> Result<Box<dyn ByteSource>> {
+    let len = manifest.record_count;
+    let overflow = || Error::corrupt(mpath, "record count overflows");
+    let want = (HEADER_BYTES as u64).checked_add(len.checked_mul(ENTRY_BYTES as u64).ok_or_else(overflow)?).ok_or_else(overflow)?;
+    if listed(manifest, mpath, format::INDEX)? != want {
+        return Err(Error::corrupt(mpath, format!("index size {} does not match {len} records", listed(manifest, mpath, format::INDEX)?)));
+    }
+    let index = loc.open(format::INDEX, want)?;
+    let (entry, _) = format::read_header(&header_of(index.as_ref())?, format::INDEX_MAGIC, index.path())?;
+    if entry as usize != ENTRY_BYTES {
+        return Err(Error::corrupt(index.path(), format!("entry size {entry}, expected {ENTRY_BYTES}")));
+    }
+    Ok(index)
+}
+
+/// Step 4 (ragged): the shape rows.
+fn open_shapes(loc: &dyn Location, manifest: &Manifest, mpath: &Path, ndim: usize) -> Result<Option<Box<dyn ByteSource>>> {
+    if manifest.kind != Kind::Ragged {
+        return Ok(None);
+    }
+    let len = manifest.record_count;
+    let want = (len as u128) * (ndim as u128) * 8 + HEADER_BYTES as u128;
+    if listed(manifest, mpath, format::SHAPES)? as u128 != want {
+        return Err(Error::corrupt(mpath, format!("shapes size does not match {len} records of ndim {ndim}")));
+    }
+    let m = loc.open(format::SHAPES, want as u64)?;
+    let (nd, _) = format::read_header(&header_of(m.as_ref())?, format::SHAPES_MAGIC, m.path())?;
+    if nd as usize != ndim {
+        return Err(Error::corrupt(m.path(), format!("header ndim {nd}, manifest ndim {ndim}")));
+    }
+    Ok(Some(m))
+}
+
+/// Step 5: the data shards, each with its header checked.
+fn open_shards(loc: &dyn Location, manifest: &Manifest, mpath: &Path) -> Result<Vec<Box<dyn ByteSource>>> {
+    let s = manifest.data_shards as usize;
+    let mut shards = Vec::with_capacity(s);
+    for i in 0..s {
+        let name = format::shard_name(i);
+        let m = loc.open(&name, listed(manifest, mpath, &name)?)?;
+        let (id, _) = format::read_header(&header_of(m.as_ref())?, format::DATA_MAGIC, m.path())?;
+        if id as usize != i {
+            return Err(Error::corrupt(m.path(), format!("header says shard {id}")));
+        }
+        shards.push(m);
+    }
+    Ok(shards)
+}
+
+/// Step 6 (zstd_dict): the dictionary, small, checked in full.
+fn read_dictionary(loc: &dyn Location, manifest: &Manifest, mpath: &Path, codec: Codec) -> Result<Option<Vec<u8>>> {
+    if codec != Codec::ZstdDict {
+        return Ok(None);
+    }
+    let dpath = loc.path().join(format::DICTIONARY);
+    let entry = manifest.file(format::DICTIONARY).ok_or_else(|| Error::corrupt(mpath, "zstd_dict store lists no dictionary"))?;
+    let d = loc
+        .read_small(format::DICTIONARY, MAX_DICTIONARY_BYTES)?
+        .ok_or_else(|| Error::corrupt(&dpath, "dictionary file is missing"))?;
+    if d.len() as u64 != entry.bytes || file_hash_hex(&d) != entry.xxh3 {
+        return Err(Error::corrupt(&dpath, "dictionary size or checksum mismatch"));
+    }
+    Ok(Some(d))
+}
+
+/// The first [`HEADER_BYTES`] of a file (shorter files give what they have, and fail the header check).
+fn header_of(src: &dyn ByteSource) -> Result<Vec<u8>> {
+    let n = src.len().min(HEADER_BYTES as u64) as usize;
+    src.read_vec(0, n)
+}
+
+/// Read `N` bytes at `at` of a source: the mapped slice when there is one, else a positional read.
+#[inline(always)]
+fn read_fixed<const N: usize>(src: &dyn ByteSource, at: usize) -> Result<[u8; N]> {
+    match src.as_slice() {
+        Some(b) => b.get(at..at + N).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(src.path(), format!("read at {at} past the end"))),
+        None => src.read_array::<N>(at as u64),
+    }
+}
+
 impl StoreCore {
+    /// Open the store in a local folder, memory-mapped.
     pub(crate) fn open(path: &Path) -> Result<StoreCore> {
-        let path = path.to_path_buf();
         if !path.is_dir() {
-            return Err(Error::NotFound { path, reason: "no such folder".into() });
+            return Err(Error::NotFound { path: path.to_path_buf(), reason: "no such folder".into() });
         }
+        StoreCore::open_at(&crate::store::bytes::LocalFolder::new(path, Default::default()))
+    }
+
+    /// Open the store at any [`Location`].
+    pub(crate) fn open_at(loc: &dyn Location) -> Result<StoreCore> {
+        let path = loc.path().to_path_buf();
         let mpath = path.join(format::MANIFEST);
-        let mbytes = match std::fs::read(&mpath) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotFound { path, reason: "no manifest.json (not a published zrecord store)".into() })
-            }
-            Err(e) => return Err(Error::io(&mpath, e)),
-        };
-        let manifest = Manifest::from_bytes(&mbytes, &mpath)?;
-        let bad = |reason: String| Error::corrupt(&mpath, reason);
-        let dtype = DType::from_name(&manifest.dtype).map_err(|_| bad(format!("unknown dtype '{}'", manifest.dtype)))?;
-        let codec: Codec = manifest.codec.parse().map_err(|_| bad(format!("unknown codec '{}'", manifest.codec)))?;
-        let s = manifest.data_shards as usize;
-        if !(1..=255).contains(&s) {
-            return Err(bad(format!("data_shards {s} outside 1..=255")));
-        }
-        let (item_shape, ndim, record_bytes) = match manifest.kind {
-            Kind::Dense => {
-                let shape: Vec<usize> = manifest.item_shape.as_ref().ok_or_else(|| bad("dense store without item_shape".into()))?
-                    .iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
-                let rb = shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-                    .filter(|&b| b as u64 <= format::MAX_RECORD_BYTES)
-                    .ok_or_else(|| bad(format!("item_shape {shape:?} exceeds the record size limit")))?;
-                let nd = shape.len();
-                (shape, nd, rb)
-            }
-            Kind::Ragged => {
-                let nd = manifest.ndim.ok_or_else(|| bad("ragged store without ndim".into()))? as usize;
-                if nd == 0 || nd > MAX_NDIM {
-                    return Err(bad(format!("ragged ndim {nd} outside 1..={MAX_NDIM}")));
-                }
-                (Vec::new(), nd, 0)
-            }
-        };
+        let manifest = read_manifest(loc)?;
+        let d = describe(&manifest, &mpath)?;
+        let index = open_index(loc, &manifest, &mpath)?;
+        let shapes = open_shapes(loc, &manifest, &mpath, d.ndim)?;
+        let shards = open_shards(loc, &manifest, &mpath)?;
+        let dictionary = read_dictionary(loc, &manifest, &mpath, d.codec)?;
+        let decoder = Decoder::new(d.codec, dictionary.as_deref(), &path)?;
         let len = manifest.record_count;
-        let listed = |name: &str| -> Result<u64> {
-            manifest.file(name).map(|f| f.bytes).ok_or_else(|| bad(format!("manifest does not list {name}")))
-        };
-        // Index.
-        let want_index = (HEADER_BYTES as u64).checked_add(len.checked_mul(ENTRY_BYTES as u64).ok_or_else(|| bad("record count overflows".into()))?)
-            .ok_or_else(|| bad("record count overflows".into()))?;
-        if listed(format::INDEX)? != want_index {
-            return Err(bad(format!("index size {} does not match {len} records", listed(format::INDEX)?)));
-        }
-        let index = Mapped::open(path.join(format::INDEX), want_index)?;
-        let (entry, _) = format::read_header(index.bytes(), format::INDEX_MAGIC, &index.path)?;
-        if entry as usize != ENTRY_BYTES {
-            return Err(Error::corrupt(&index.path, format!("entry size {entry}, expected {ENTRY_BYTES}")));
-        }
-        // Shapes.
-        let shapes = match manifest.kind {
-            Kind::Ragged => {
-                let want = (len as u128) * (ndim as u128) * 8 + HEADER_BYTES as u128;
-                if listed(format::SHAPES)? as u128 != want {
-                    return Err(bad(format!("shapes size does not match {len} records of ndim {ndim}")));
-                }
-                let m = Mapped::open(path.join(format::SHAPES), want as u64)?;
-                let (nd, _) = format::read_header(m.bytes(), format::SHAPES_MAGIC, &m.path)?;
-                if nd as usize != ndim {
-                    return Err(Error::corrupt(&m.path, format!("header ndim {nd}, manifest ndim {ndim}")));
-                }
-                Some(m)
-            }
-            Kind::Dense => None,
-        };
-        // Shards.
-        let mut shards = Vec::with_capacity(s);
-        for i in 0..s {
-            let name = format::shard_name(i);
-            let m = Mapped::open(path.join(&name), listed(&name)?)?;
-            let (id, _) = format::read_header(m.bytes(), format::DATA_MAGIC, &m.path)?;
-            if id as usize != i {
-                return Err(Error::corrupt(&m.path, format!("header says shard {id}")));
-            }
-            shards.push(m);
-        }
-        // Dictionary: small, checked in full.
-        let dictionary = match codec {
-            Codec::ZstdDict => {
-                let dpath = path.join(format::DICTIONARY);
-                let entry = manifest.file(format::DICTIONARY).ok_or_else(|| bad("zstd_dict store lists no dictionary".into()))?;
-                let d = std::fs::read(&dpath).map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => Error::corrupt(&dpath, "dictionary file is missing"),
-                    _ => Error::io(&dpath, e),
-                })?;
-                if d.len() as u64 != entry.bytes || file_hash_hex(&d) != entry.xxh3 {
-                    return Err(Error::corrupt(&dpath, "dictionary size or checksum mismatch"));
-                }
-                Some(d)
-            }
-            _ => None,
-        };
-        let decoder = Decoder::new(codec, dictionary.as_deref(), &path)?;
         Ok(StoreCore {
             verified: VerifiedSet::new(len),
             records_read: std::sync::atomic::AtomicU64::new(0),
             path,
             kind: manifest.kind,
-            manifest,
-            dtype,
-            codec,
-            item_shape,
-            ndim,
+            logical: manifest.logical,
+            dtype: d.dtype,
+            codec: d.codec,
+            item_shape: d.item_shape,
+            ndim: d.ndim,
             len,
-            record_bytes,
+            record_bytes: d.record_bytes,
+            manifest,
             index,
             shapes,
             shards,
@@ -264,9 +295,9 @@ impl StoreCore {
 
     /// Index entry of record `id` (`id < len`).
     #[inline]
-    pub(crate) fn entry(&self, id: u64) -> IndexEntry {
+    pub(crate) fn entry(&self, id: u64) -> Result<IndexEntry> {
         let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
-        IndexEntry::decode(&self.index.bytes()[at..at + ENTRY_BYTES])
+        Ok(IndexEntry::decode(&read_fixed::<ENTRY_BYTES>(self.index.as_ref(), at)?))
     }
 
     /// Shape row of ragged record `id` into `out[..ndim]`; returns its element count.
@@ -274,59 +305,66 @@ impl StoreCore {
     pub(crate) fn shape_into(&self, id: u64, out: &mut [u64; MAX_NDIM]) -> Result<u64> {
         let Some(sh) = &self.shapes else { return Ok(0) };
         let at = HEADER_BYTES + id as usize * self.ndim * 8;
-        let row = &sh.bytes()[at..at + self.ndim * 8];
         let mut n: u64 = 1;
-        for (d, c) in out.iter_mut().zip(row.chunks_exact(8)) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            *d = u64::from_le_bytes(b);
-            n = n.checked_mul(*d).ok_or_else(|| Error::corrupt(&sh.path, format!("shape of record {id} overflows")))?;
+        for (k, d) in out.iter_mut().take(self.ndim).enumerate() {
+            *d = u64::from_le_bytes(read_fixed::<8>(sh.as_ref(), at + k * 8)?);
+            n = n.checked_mul(*d).ok_or_else(|| Error::corrupt(sh.path(), format!("shape of record {id} overflows")))?;
         }
-        if n == 0 || n.saturating_mul(self.dtype.size() as u64) > format::MAX_RECORD_BYTES {
-            return Err(Error::corrupt(&sh.path, format!("record {id} has impossible shape {:?}", &out[..self.ndim])));
+        if (n == 0 && !self.manifest.allow_empty) || n.saturating_mul(self.dtype.size() as u64) > format::MAX_RECORD_BYTES {
+            return Err(Error::corrupt(sh.path(), format!("record {id} has impossible shape {:?}", &out[..self.ndim])));
         }
         Ok(n)
     }
 
-    /// The stored bytes of record `id`, bounds-checked and (if `verify`) checksum-checked.
+    /// The stored bytes of record `id` from a mapped shard, bounds-checked and (if `verify`)
+    /// checksum-checked; `None` when the shard is not mapped.
     #[inline]
-    pub(crate) fn stored(&self, id: u64, e: &IndexEntry, shape: Option<&[u64]>, verify: bool) -> Result<&[u8]> {
-        let shard = self.shards.get(e.shard as usize).ok_or_else(|| {
-            Error::corrupt(&self.index.path, format!("record {id} names shard {} of {}", e.shard, self.shards.len()))
-        })?;
-        let bytes = shard.bytes();
+    fn stored_slice(&self, id: u64, e: &IndexEntry, shape: Option<&[u64]>, verify: bool) -> Result<Option<&[u8]>> {
+        let shard = self.shard(id, e)?;
+        let Some(bytes) = shard.as_slice() else { return Ok(None) };
         let start = e.offset as usize;
         let end = start.checked_add(e.stored_len as usize);
         let src = match end {
             Some(end) if start >= HEADER_BYTES && end <= bytes.len() => &bytes[start..end],
-            _ => {
-                return Err(Error::corrupt(
-                    &self.index.path,
-                    format!("record {id} points at bytes {start}+{} beyond {} ({} bytes)", e.stored_len, shard.path.display(), bytes.len()),
-                ))
-            }
+            _ => return Err(self.out_of_shard(id, e, shard)),
         };
         if verify && XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), src) != e.checksum {
-            return Err(Error::corrupt(&shard.path, format!("checksum mismatch for record {id} (data or index damaged)")));
+            return Err(Error::corrupt(shard.path(), format!("checksum mismatch for record {id} (data or index damaged)")));
         }
-        Ok(src)
+        Ok(Some(src))
+    }
+
+    fn shard(&self, id: u64, e: &IndexEntry) -> Result<&dyn ByteSource> {
+        self.shards.get(e.shard as usize).map(|s| s.as_ref()).ok_or_else(|| {
+            Error::corrupt(self.index.path(), format!("record {id} names shard {} of {}", e.shard, self.shards.len()))
+        })
+    }
+
+    fn out_of_shard(&self, id: u64, e: &IndexEntry, shard: &dyn ByteSource) -> Error {
+        Error::corrupt(
+            self.index.path(),
+            format!("record {id} points at bytes {}+{} beyond {} ({} bytes)", e.offset, e.stored_len, shard.path().display(), shard.len()),
+        )
     }
 
     pub(crate) fn shard_path(&self, e: &IndexEntry) -> &Path {
-        self.shards.get(e.shard as usize).map(|s| s.path.as_path()).unwrap_or(&self.path)
+        self.shards.get(e.shard as usize).map(|s| s.path()).unwrap_or(&self.path)
     }
 
-    /// Hint the CPU to start loading record `id`: the first line of each page it spans (up to
-    /// [`PREFETCH_BYTES`]), which starts the TLB walk and the hardware prefetcher early, so a
-    /// random gather of small records overlaps memory latency instead of paying it serially.
+    /// Hint the CPU to start loading record `id` (mapped shards only): the first line of each
+    /// page it spans (up to [`PREFETCH_BYTES`]), which starts the TLB walk and the hardware
+    /// prefetcher early, so a random gather of small records overlaps memory latency instead of
+    /// paying it serially.
     #[inline]
     pub(crate) fn prefetch(&self, id: u64) {
         if id >= self.len {
             return;
         }
-        let e = self.entry(id);
-        let Some(shard) = self.shards.get(e.shard as usize) else { return };
-        let bytes = shard.bytes();
+        let Some(index) = self.index.as_slice() else { return };
+        let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
+        let Some(raw) = index.get(at..at + ENTRY_BYTES) else { return };
+        let e = IndexEntry::decode(raw);
+        let Some(bytes) = self.shards.get(e.shard as usize).and_then(|s| s.as_slice()) else { return };
         let start = e.offset as usize;
         let len = (e.stored_len as usize).min(PREFETCH_BYTES);
         if len == 0 || start.saturating_add(len) > bytes.len() {
@@ -344,8 +382,12 @@ impl StoreCore {
     #[inline]
     pub(crate) fn prefetch_entry(&self, id: u64) {
         if id < self.len {
-            let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
-            prefetch_line(self.index.bytes()[at..].as_ptr());
+            if let Some(index) = self.index.as_slice() {
+                let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
+                if let Some(p) = index.get(at..) {
+                    prefetch_line(p.as_ptr());
+                }
+            }
         }
     }
 
@@ -359,7 +401,7 @@ impl StoreCore {
         out: &mut [MaybeUninit<u8>],
         check: Check,
     ) -> Result<()> {
-        let e = self.entry(id);
+        let e = self.entry(id)?;
         let verify = match check {
             Check::Off => false,
             Check::FirstRead => !self.verified.contains(id),
@@ -368,9 +410,11 @@ impl StoreCore {
         if self.codec == Codec::Raw && verify {
             // Copy first, then hash the copy while it is hot in L1/L2: one trip to memory
             // instead of two.
-            let src = self.stored(id, &e, shape, false)?;
-            ctx.decode_into(src, out, self.shard_path(&e))?;
-            // SAFETY: `decode_into` succeeded, so all of `out` was just written.
+            match self.stored_slice(id, &e, shape, false)? {
+                Some(src) => ctx.decode_into(src, out, self.shard_path(&e))?,
+                None => self.read_unmapped_raw(id, &e, out)?,
+            }
+            // SAFETY: the copy succeeded, so all of `out` was just written.
             let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
             if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), written) != e.checksum {
                 return Err(Error::corrupt(self.shard_path(&e), format!("checksum mismatch for record {id} (data or index damaged)")));
@@ -378,12 +422,49 @@ impl StoreCore {
             self.verified.insert(id);
             return Ok(());
         }
-        let src = self.stored(id, &e, shape, verify)?;
-        ctx.decode_into(src, out, self.shard_path(&e))?;
+        match self.stored_slice(id, &e, shape, verify)? {
+            Some(src) => ctx.decode_into(src, out, self.shard_path(&e))?,
+            None if self.codec == Codec::Raw => self.read_unmapped_raw(id, &e, out)?,
+            None => {
+                // Unmapped, compressed: read the stored bytes into the context's scratch buffer.
+                let shard = self.shard(id, &e)?;
+                if (e.offset as usize) < HEADER_BYTES {
+                    return Err(self.out_of_shard(id, &e, shard));
+                }
+                let mut scratch = std::mem::take(&mut ctx.scratch);
+                scratch.clear();
+                scratch.reserve(e.stored_len as usize);
+                let r = shard
+                    .read_at(e.offset, &mut scratch.spare_capacity_mut()[..e.stored_len as usize])
+                    .map_err(|_| self.out_of_shard(id, &e, shard));
+                let r = r.and_then(|()| {
+                    // SAFETY: `read_at` succeeded: `stored_len` bytes were written.
+                    unsafe { scratch.set_len(e.stored_len as usize) };
+                    if verify && XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), &scratch) != e.checksum {
+                        return Err(Error::corrupt(shard.path(), format!("checksum mismatch for record {id} (data or index damaged)")));
+                    }
+                    ctx.decode_into(&scratch, out, shard.path())
+                });
+                ctx.scratch = scratch;
+                r?;
+            }
+        }
         if verify {
             self.verified.insert(id);
         }
         Ok(())
+    }
+
+    /// A raw record from an unmapped shard: read straight into its output slot.
+    fn read_unmapped_raw(&self, id: u64, e: &IndexEntry, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        let shard = self.shard(id, e)?;
+        if e.stored_len as usize != out.len() {
+            return Err(Error::corrupt(shard.path(), format!("raw record {id} is {} bytes, expected {}", e.stored_len, out.len())));
+        }
+        if (e.offset as usize) < HEADER_BYTES {
+            return Err(self.out_of_shard(id, e, shard));
+        }
+        shard.read_at(e.offset, out).map_err(|_| self.out_of_shard(id, e, shard))
     }
 
     /// The store folder.
@@ -395,14 +476,14 @@ impl StoreCore {
     /// `progress(records_done)` is called as records complete.
     pub(crate) fn verify(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
         // Whole files, in parallel.
-        let mut files: Vec<&Mapped> = vec![&self.index];
-        files.extend(self.shapes.iter());
-        files.extend(self.shards.iter());
+        let mut files: Vec<&dyn ByteSource> = vec![self.index.as_ref()];
+        files.extend(self.shapes.iter().map(|s| s.as_ref()));
+        files.extend(self.shards.iter().map(|s| s.as_ref()));
         files.par_iter().try_for_each(|m| {
-            let name = m.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = m.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let want = self.manifest.file(&name).map(|f| f.xxh3.as_str()).unwrap_or("");
-            if file_hash_hex(m.bytes()) != want {
-                return Err(Error::corrupt(&m.path, "file checksum mismatch"));
+            if source_hash_hex(*m)? != want {
+                return Err(Error::corrupt(m.path(), "file checksum mismatch"));
             }
             Ok(())
         })?;

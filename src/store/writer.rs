@@ -6,10 +6,9 @@
 //! size of one append. Each window is split into `data_shards` contiguous parts of about equal
 //! bytes, encoded and written in parallel, and its index entries are then appended in order.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 
 use rayon::prelude::*;
@@ -20,7 +19,8 @@ use twox_hash::XxHash3_64;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::store::codec::{Codec, Encoder, DEFAULT_LEVEL};
-use crate::store::format::{self, FileEntry, IndexEntry, Kind, Manifest, ENTRY_BYTES};
+use crate::store::format::{self, FileEntry, IndexEntry, Kind, Logical, Manifest, ENTRY_BYTES};
+use crate::store::publish::Staging;
 
 /// Input bytes per shard per window.
 pub const WINDOW_BYTES_PER_SHARD: usize = 16 << 20;
@@ -38,11 +38,17 @@ pub struct WriterOptions {
     pub data_shards: usize,
     /// Dictionary bytes, required by (and only allowed with) `zstd_dict`.
     pub dictionary: Option<Vec<u8>>,
+    /// What the records mean (recorded in the manifest); `utf8` / `binary` need uint8 ndim-1
+    /// ragged stores. Default `tensor`.
+    pub logical: Logical,
+    /// Ragged stores: accept empty records (zero extents). Default false: an empty record is
+    /// an input error, as in format version 1.
+    pub allow_empty: bool,
 }
 
 impl Default for WriterOptions {
     fn default() -> Self {
-        WriterOptions { codec: Codec::Raw, level: DEFAULT_LEVEL, data_shards: 4, dictionary: None }
+        WriterOptions { codec: Codec::Raw, level: DEFAULT_LEVEL, data_shards: 4, dictionary: None, logical: Logical::Tensor, allow_empty: false }
     }
 }
 
@@ -66,6 +72,18 @@ impl WriterOptions {
     /// Set the number of data shards.
     pub fn data_shards(mut self, n: usize) -> Self {
         self.data_shards = n;
+        self
+    }
+
+    /// Set the logical type recorded in the manifest.
+    pub fn logical(mut self, logical: Logical) -> Self {
+        self.logical = logical;
+        self
+    }
+
+    /// Accept empty ragged records.
+    pub fn allow_empty(mut self, on: bool) -> Self {
+        self.allow_empty = on;
         self
     }
 
@@ -141,12 +159,12 @@ struct ShardWorker {
 /// One record handed to the writer: its decoded bytes and, for ragged, its shape row.
 pub(crate) type RecordRef<'a> = (&'a [u8], Option<&'a [u64]>);
 
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// The kind-independent writer.
 pub(crate) struct WriterCore {
     final_path: PathBuf,
     tmp_path: PathBuf,
+    /// The staging folder (`None` once published).
+    staging: Option<Staging>,
     kind: Kind,
     dtype: DType,
     item_shape: Option<Vec<usize>>,
@@ -179,28 +197,16 @@ impl WriterCore {
         options: WriterOptions,
     ) -> Result<WriterCore> {
         options.validate()?;
-        let final_path = path.to_path_buf();
-        if fs::symlink_metadata(&final_path).is_ok() {
-            return Err(Error::AlreadyExists { path: final_path });
+        if options.allow_empty && kind != Kind::Ragged {
+            return Err(Error::invalid("allow_empty", "only ragged stores can hold empty records"));
         }
-        let name = final_path
-            .file_name()
-            .ok_or_else(|| Error::invalid("path", format!("'{}' has no final component", final_path.display())))?
-            .to_string_lossy()
-            .into_owned();
-        let parent = match final_path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        let tmp_path = parent.join(format!(
-            ".{name}.zrecord-tmp-{}-{}",
-            std::process::id(),
-            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        fs::create_dir(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
-        // From here on, dropping `guard` removes the temp folder.
-        let guard = TmpGuard(Some(tmp_path.clone()));
+        if options.logical.is_bytes() && (kind != Kind::Ragged || dtype != DType::UInt8 || ndim != Some(1)) {
+            return Err(Error::invalid("logical", format!("{} records need a uint8 ndim-1 ragged store", options.logical)));
+        }
+        let final_path = path.to_path_buf();
+        // From here on, dropping `staging` removes the temp folder.
+        let staging = Staging::create(&final_path)?;
+        let tmp_path = staging.path().to_path_buf();
 
         // Validates level and dictionary up front: a bad one fails `create`, not an append.
         let first = Encoder::new(options.codec, options.level, options.dictionary.as_deref())?;
@@ -231,11 +237,10 @@ impl WriterCore {
             .thread_name(|i| format!("zrecord-writer-{i}"))
             .build()
             .map_err(|e| Error::invalid("data_shards", format!("cannot start writer threads: {e}")))?;
-        let mut g = guard;
-        g.0 = None;
         Ok(WriterCore {
             final_path,
             tmp_path,
+            staging: Some(staging),
             kind,
             dtype,
             item_shape,
@@ -480,6 +485,8 @@ impl WriterCore {
             dtype: self.dtype.name().into(),
             item_shape: self.item_shape.as_ref().map(|s| s.iter().map(|&d| d as u64).collect()),
             ndim: self.ndim.map(|n| n as u32),
+            logical: self.options.logical,
+            allow_empty: self.options.allow_empty,
             codec: self.options.codec.name().into(),
             level: if self.options.codec == Codec::Raw { 0 } else { self.options.level },
             record_count: self.count,
@@ -489,21 +496,8 @@ impl WriterCore {
             files,
             created_by: concat!("zrecord ", env!("CARGO_PKG_VERSION")).into(),
         };
-        let mpath = self.tmp_path.join(format::MANIFEST);
-        let bytes = manifest.to_bytes()?;
-        {
-            let mut f = File::create_new(&mpath).map_err(|e| Error::io(&mpath, e))?;
-            f.write_all(&bytes).map_err(|e| Error::io(&mpath, e))?;
-            f.sync_all().map_err(|e| Error::io(&mpath, e))?;
-        }
-        sync_dir(&self.tmp_path)?;
-        rename_noreplace(&self.tmp_path, &self.final_path)?;
-        if let Some(parent) = self.final_path.parent() {
-            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
-            sync_dir(parent)?;
-        }
-        self.tmp_path = PathBuf::new(); // published: nothing to clean up
-        Ok(self.final_path.clone())
+        let staging = self.staging.take().ok_or(Error::Closed { what: "writer" })?;
+        staging.publish(format::MANIFEST, &manifest.to_bytes()?)
     }
 }
 
@@ -550,63 +544,6 @@ where
     }
     w.file.start_writeback()?;
     Ok(stored)
-}
-
-impl Drop for WriterCore {
-    fn drop(&mut self) {
-        if !self.tmp_path.as_os_str().is_empty() {
-            let _ = fs::remove_dir_all(&self.tmp_path);
-        }
-    }
-}
-
-struct TmpGuard(Option<PathBuf>);
-
-impl Drop for TmpGuard {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_dir_all(p);
-        }
-    }
-}
-
-pub(crate) fn sync_dir(p: &Path) -> Result<()> {
-    let f = File::open(p).map_err(|e| Error::io(p, e))?;
-    f.sync_all().map_err(|e| Error::io(p, e))
-}
-
-/// Rename `from` to `to`, failing if `to` exists (never replaces a published store).
-pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::ffi::CString;
-        use std::os::unix::ffi::OsStrExt;
-        let a = CString::new(from.as_os_str().as_bytes()).map_err(|_| Error::invalid("path", "contains NUL"))?;
-        let b = CString::new(to.as_os_str().as_bytes()).map_err(|_| Error::invalid("path", "contains NUL"))?;
-        // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
-        let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => Err(Error::AlreadyExists { path: to.to_path_buf() }),
-            // Filesystems without RENAME_NOREPLACE: fall back to check-then-rename.
-            Some(libc::EINVAL) | Some(libc::ENOSYS) => fallback_rename(from, to),
-            _ => Err(Error::io(to, err)),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        fallback_rename(from, to)
-    }
-}
-
-fn fallback_rename(from: &Path, to: &Path) -> Result<()> {
-    if fs::symlink_metadata(to).is_ok() {
-        return Err(Error::AlreadyExists { path: to.to_path_buf() });
-    }
-    fs::rename(from, to).map_err(|e| Error::io(to, e))
 }
 
 /// xxh3 of a whole byte slice, hex, as the manifest records it.

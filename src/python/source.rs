@@ -1,0 +1,422 @@
+//! Record sources for Python.
+//!
+//! - `SourceView`: any record source bound to an allocator. Built from a store or view, or from
+//!   a Python object that implements the record-source protocol (`PythonSource` below). New
+//!   Rust sources (Zarr crops, remote and distributed stores) hand out a `SourceView` from
+//!   their own thin Python class; the Loader, `ArrowLoader` and SQL take it like a store view.
+//! - `DatasetWriter`: Arrow data of any producer (`__arrow_c_stream__` / `__arrow_c_array__`)
+//!   streamed into a new dataset root, one batch in memory at a time, published atomically.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatchReader;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::arrow::{batch_column, stream_field, DatasetWriter};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::memory::{Allocator, RaggedBatch, Tensor};
+use crate::python::errors::{to_py, IntoPy};
+use crate::python::input::{dtype_arg, shape_arg, Imported};
+use crate::python::memory::{py_dtype, PyAllocator, PyArrowBatch, PyDLTensor, PyRaggedBatch};
+use crate::python::store::{parse_key, PyDenseStore, PyDenseView, PyRaggedStore, PyRaggedView, Selection};
+use crate::store::{Batch, Ids, Layout, Logical, ReadOptions, RecordSource, SourceView, WriterOptions};
+
+/// A record source implemented in Python: an object with `__len__`, `dtype`, either
+/// `item_shape` (dense) or `ndim` (ragged), optionally `logical` and `name`, and
+/// `gather(ids)` (ids: a uint64 DLPack tensor; returns an array of shape `(len(ids),
+/// *item_shape)` or a `RaggedBatch`). Ids are validated before `gather` is called; what it
+/// returns is checked against the declared dtype and shape, then copied into the allocator.
+struct PythonSource {
+    obj: Py<PyAny>,
+    name: String,
+    len: u64,
+    dtype: DType,
+    layout: Layout,
+    logical: Logical,
+}
+
+impl std::fmt::Debug for PythonSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PythonSource('{}', {} x {} {})", self.name, self.len, self.dtype, self.layout)
+    }
+}
+
+impl PythonSource {
+    fn from_object(obj: &Bound<'_, PyAny>) -> PyResult<PythonSource> {
+        let missing = |what: &str| PyTypeError::new_err(format!("a record source needs {what}; {} has none", obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()));
+        if !obj.hasattr("gather")? {
+            return Err(missing("a gather(ids) method"));
+        }
+        let len: u64 = obj.len().map_err(|_| missing("__len__"))? as u64;
+        let dtype = dtype_arg(&obj.getattr("dtype").map_err(|_| missing("a dtype"))?)?;
+        let layout = if let Ok(shape) = obj.getattr("item_shape") {
+            Layout::Dense { item_shape: shape_arg(&shape)? }
+        } else if let Ok(nd) = obj.getattr("ndim") {
+            let ndim: usize = nd.extract()?;
+            if ndim == 0 {
+                return Err(PyValueError::new_err("a ragged source needs ndim >= 1"));
+            }
+            Layout::Ragged { ndim }
+        } else {
+            return Err(missing("item_shape (dense) or ndim (ragged)"));
+        };
+        let logical: Logical = match obj.getattr("logical") {
+            Ok(l) => l.extract::<String>()?.parse().py_err()?,
+            Err(_) => Logical::Tensor,
+        };
+        if logical.is_bytes() && !(dtype == DType::UInt8 && layout == (Layout::Ragged { ndim: 1 })) {
+            return Err(PyValueError::new_err(format!("logical {logical} needs uint8 ndim-1 ragged records")));
+        }
+        let name = match obj.getattr("name") {
+            Ok(n) => n.extract::<String>().unwrap_or_else(|_| "python source".into()),
+            Err(_) => format!("python source {}", obj.get_type().name()?),
+        };
+        Ok(PythonSource { obj: obj.clone().unbind(), name, len, dtype, layout, logical })
+    }
+
+    fn gather_py(&self, py: Python<'_>, ids: Ids<'_>, allocator: &Allocator) -> PyResult<Batch> {
+        let list: Vec<u64> = (0..ids.len()).map(|k| ids.get(k)).collect();
+        let ids_t = Tensor::from_slice(&Allocator::cpu(0), &list, &[list.len()]).py_err()?;
+        let out = self.obj.bind(py).call_method1("gather", (PyDLTensor::new(ids_t, true),))?;
+        match &self.layout {
+            Layout::Dense { item_shape } => {
+                let im = Imported::from_any(&out)?;
+                let mut want = vec![list.len()];
+                want.extend_from_slice(item_shape);
+                if im.dtype != self.dtype || im.shape != want {
+                    return Err(PyValueError::new_err(format!(
+                        "source '{}' gather returned {} {:?}, expected {} {want:?}",
+                        self.name, im.dtype, im.shape, self.dtype
+                    )));
+                }
+                let v = im.view();
+                v.check("gathered batch").py_err()?;
+                // A copy: the producer's memory is not ours to keep.
+                let t = Tensor::from_slice(allocator, v.bytes, &[im.bytes().len()]).py_err()?;
+                Ok(Batch::Dense(t.reinterpret(self.dtype, want).py_err()?))
+            }
+            Layout::Ragged { ndim } => {
+                let b = out.cast::<PyRaggedBatch>().map_err(|_| PyTypeError::new_err(format!("source '{}' gather must return a RaggedBatch", self.name)))?;
+                let rb = b.get().with_input(py, |input| {
+                    let valid = input.validate_with(self.dtype, *ndim, true).py_err()?;
+                    if valid.len != list.len() {
+                        return Err(PyValueError::new_err(format!("source '{}' gather returned {} records for {} ids", self.name, valid.len, list.len())));
+                    }
+                    RaggedBatch::copy_from_input(allocator, input).py_err()
+                })?;
+                Ok(Batch::Ragged(rb))
+            }
+        }
+    }
+}
+
+impl RecordSource for PythonSource {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn layout(&self) -> Layout {
+        self.layout.clone()
+    }
+
+    fn logical(&self) -> Logical {
+        self.logical
+    }
+
+    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _options: &ReadOptions) -> Result<Batch> {
+        ids.validate(self.len, std::path::Path::new(&self.name))?;
+        Python::attach(|py| self.gather_py(py, ids, allocator)).map_err(|e| {
+            let msg = Python::attach(|py| e.value(py).to_string());
+            Error::invalid("record source", format!("'{}' gather failed: {msg}", self.name))
+        })
+    }
+}
+
+/// Any record source bound to an allocator: `view[i]`, `view[[i, j]]`, `view[a:b]`,
+/// `view.gather(ids)`, `view.to_arrow_batch()`; accepted by `Loader`, `ArrowLoader` and
+/// `SessionContext.register_sources`.
+#[pyclass(name = "SourceView", module = "zrecord", frozen)]
+pub struct PySourceView {
+    view: SourceView,
+}
+
+impl PySourceView {
+    pub(crate) fn view_clone(&self) -> PyResult<SourceView> {
+        Ok(self.view.clone())
+    }
+
+    pub(crate) fn wrap(view: SourceView) -> Self {
+        PySourceView { view }
+    }
+
+    fn batch_to_py(py: Python<'_>, b: Batch, one: bool) -> PyResult<Py<PyAny>> {
+        Ok(match b {
+            Batch::Dense(t) if one => Py::new(py, PyDLTensor::new(t.index_axis0(0).py_err()?, false))?.into_any(),
+            Batch::Dense(t) => Py::new(py, PyDLTensor::new(t, true))?.into_any(),
+            Batch::Ragged(r) => Py::new(py, PyRaggedBatch::owned(r))?.into_any(),
+        })
+    }
+
+    fn gather_sel(&self, py: Python<'_>, sel: &Selection<'_>) -> PyResult<Batch> {
+        let ids = sel.ids()?;
+        py.detach(|| self.view.gather_ids(ids)).py_err()
+    }
+}
+
+/// A view of any source-like object: our views and stores, or a Python record source.
+pub(crate) fn source_view_of(obj: &Bound<'_, PyAny>, allocator: &Allocator, verify_checksums: bool) -> PyResult<SourceView> {
+    let options = ReadOptions { verify_checksums, parallel: true };
+    if let Ok(v) = obj.cast::<PySourceView>() {
+        return v.get().view_clone();
+    }
+    if let Ok(v) = obj.cast::<PyDenseView>() {
+        return Ok(v.get().view_clone()?.into());
+    }
+    if let Ok(v) = obj.cast::<PyRaggedView>() {
+        return Ok(v.get().view_clone()?.into());
+    }
+    let source: Arc<dyn RecordSource> = if let Ok(s) = obj.cast::<PyDenseStore>() {
+        Arc::new(s.get().store()?)
+    } else if let Ok(s) = obj.cast::<PyRaggedStore>() {
+        Arc::new(s.get().store()?)
+    } else {
+        Arc::new(PythonSource::from_object(obj)?)
+    };
+    Ok(SourceView::new(source, allocator).with_options(options))
+}
+
+#[pymethods]
+impl PySourceView {
+    /// Bind `source` (a store, a view, or a Python object implementing the record-source
+    /// protocol) to `allocator`.
+    #[new]
+    #[pyo3(signature = (source, allocator = None, verify_checksums = true))]
+    fn new(source: &Bound<'_, PyAny>, allocator: Option<&PyAllocator>, verify_checksums: bool) -> PyResult<Self> {
+        let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_default();
+        Ok(PySourceView { view: source_view_of(source, &alloc, verify_checksums)? })
+    }
+
+    fn __len__(&self) -> usize {
+        self.view.len() as usize
+    }
+
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        py_dtype(py, self.view.source().dtype())
+    }
+
+    /// "dense" or "ragged".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.view.source().layout().kind_name()
+    }
+
+    /// The record shape of a dense source, else None.
+    #[getter]
+    fn item_shape<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        match self.view.source().layout() {
+            Layout::Dense { item_shape } => Ok(Some(PyTuple::new(py, item_shape)?)),
+            Layout::Ragged { .. } => Ok(None),
+        }
+    }
+
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.view.source().layout().ndim()
+    }
+
+    #[getter]
+    fn logical(&self) -> &'static str {
+        self.view.source().logical().name()
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.view.source().name()
+    }
+
+    #[getter]
+    fn allocator(&self) -> PyAllocator {
+        PyAllocator { inner: self.view.allocator().clone() }
+    }
+
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let sel = parse_key(key, self.view.len())?;
+        let one = matches!(sel, Selection::One(_));
+        let b = self.gather_sel(py, &sel)?;
+        PySourceView::batch_to_py(py, b, one)
+    }
+
+    /// Gather ids (any index expression) as one batch.
+    fn gather(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let sel = match parse_key(ids, self.view.len())? {
+            Selection::One(i) => Selection::List(vec![i]),
+            s => s,
+        };
+        let b = self.gather_sel(py, &sel)?;
+        PySourceView::batch_to_py(py, b, false)
+    }
+
+    /// The records (all, or `indices`) as an Arrow record batch with one column `data`, of the
+    /// same Arrow type SQL gives the source (strings as `string_view`).
+    #[pyo3(signature = (indices = None))]
+    fn to_arrow_batch(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<PyArrowBatch> {
+        let sel = match indices {
+            Some(k) => match parse_key(k, self.view.len())? {
+                Selection::One(i) => Selection::List(vec![i]),
+                s => s,
+            },
+            None => Selection::Range { start: 0, step: 1, len: self.view.len() as usize },
+        };
+        let b = self.gather_sel(py, &sel)?;
+        let src = self.view.source();
+        let field = stream_field("data", src.as_ref()).py_err()?;
+        let col = batch_column("data", src.as_ref(), &b).py_err()?;
+        let schema = Arc::new(arrow_schema::Schema::new(vec![field]));
+        Ok(PyArrowBatch::new(arrow_array::RecordBatch::try_new(schema, vec![col]).map_err(|e| PyValueError::new_err(e.to_string()))?))
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.view.source();
+        format!("SourceView('{}', {} records, {} {}, {})", s.name(), s.len(), s.dtype(), s.layout(), s.logical())
+    }
+}
+
+/// Streams Arrow data into a new dataset root: `with DatasetWriter(path) as w: w.write(data)`.
+#[pyclass(name = "DatasetWriter", module = "zrecord")]
+pub struct PyDatasetWriter {
+    path: PathBuf,
+    options: WriterOptions,
+    inner: Mutex<Option<DatasetWriter>>,
+    done: Mutex<bool>,
+    /// Records appended per stream (kept after publish).
+    rows: std::sync::atomic::AtomicU64,
+}
+
+impl PyDatasetWriter {
+    fn append_reader(&self, py: Python<'_>, reader: Box<dyn RecordBatchReader + Send>) -> PyResult<u64> {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if *self.done.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(PyValueError::new_err("dataset writer is closed"));
+        }
+        if guard.is_none() {
+            let schema = reader.schema();
+            let p = self.path.clone();
+            let opts = self.options.clone();
+            *guard = Some(py.detach(move || DatasetWriter::for_schema(&p, &schema, opts)).py_err()?);
+        }
+        let w = guard.as_mut().ok_or_else(|| PyValueError::new_err("dataset writer is closed"))?;
+        let r = py.detach(|| w.append_reader(reader));
+        self.rows.store(w.len(), std::sync::atomic::Ordering::Relaxed);
+        if r.is_err() {
+            // A half-appended batch leaves streams of unequal length: publish nothing.
+            guard.take();
+            *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        }
+        r.py_err()
+    }
+}
+
+#[pymethods]
+impl PyDatasetWriter {
+    /// A writer of a new dataset root at `path` (which must not exist). Streams and their
+    /// layouts come from the schema of the first data written.
+    #[new]
+    #[pyo3(signature = (path, codec = "raw", level = 3, data_shards = 4, dict_bytes = None, allow_empty = false))]
+    fn new(path: PathBuf, codec: &str, level: i32, data_shards: usize, dict_bytes: Option<Vec<u8>>, allow_empty: bool) -> PyResult<Self> {
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return Err(to_py(Error::AlreadyExists { path }));
+        }
+        let codec = codec.parse().py_err()?;
+        let options = WriterOptions { codec, level, data_shards, dictionary: dict_bytes, allow_empty, ..Default::default() };
+        Ok(PyDatasetWriter { path, options, inner: Mutex::new(None), done: Mutex::new(false), rows: Default::default() })
+    }
+
+    /// Append Arrow data (anything with `__arrow_c_stream__` or `__arrow_c_array__`), one
+    /// record batch at a time. Returns the rows written by this call.
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
+        if data.hasattr("__arrow_c_stream__")? {
+            let reader = data.extract::<pyo3_arrow::PyRecordBatchReader>()?.into_reader()?;
+            return self.append_reader(py, reader);
+        }
+        if data.hasattr("__arrow_c_array__")? {
+            let batch = data.extract::<pyo3_arrow::PyRecordBatch>()?.into_inner();
+            let schema = batch.schema();
+            let reader = arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema);
+            return self.append_reader(py, Box::new(reader));
+        }
+        Err(PyTypeError::new_err(format!("DatasetWriter.write needs Arrow data (__arrow_c_stream__ or __arrow_c_array__), got {}", data.get_type().name()?)))
+    }
+
+    /// Records written per stream.
+    fn __len__(&self) -> usize {
+        self.rows.load(std::sync::atomic::Ordering::Relaxed) as usize
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// Publish the dataset root (idempotent). Nothing written yet is an error.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        if *done {
+            return Ok(());
+        }
+        let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        *done = true;
+        match w {
+            Some(w) => py.detach(|| w.finish()).map(|_| ()).py_err(),
+            None => Err(PyValueError::new_err("nothing was written: a dataset needs a schema (write at least one batch, even an empty one)")),
+        }
+    }
+
+    /// Discard everything; nothing is published.
+    fn abort(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type = None, _exc = None, _tb = None))]
+    fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
+        if exc_type.is_some_and(|e| !e.is_none()) {
+            self.abort();
+        } else {
+            self.close(py)?;
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DatasetWriter('{}', {} records)", self.path.display(), self.__len__())
+    }
+}
+
+/// `dict` of stream name -> list of views/sources, for `register_sources`.
+pub(crate) fn streams_of(py: Python<'_>, streams: &Bound<'_, PyDict>) -> PyResult<Vec<crate::store::Stream>> {
+    let _ = py;
+    let mut out = Vec::new();
+    for (k, v) in streams.iter() {
+        let name: String = k.extract().map_err(|_| PyTypeError::new_err("stream names must be strings"))?;
+        let view = source_view_of(&v, &Allocator::default(), true)?;
+        out.push(crate::store::Stream::new(name, view.source().clone()));
+    }
+    Ok(out)
+}

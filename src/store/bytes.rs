@@ -1,0 +1,314 @@
+//! Byte sources: how a reader gets at the bytes of a store's files.
+//!
+//! [`StoreCore`](crate::store) reads every file through [`ByteSource`] (size, positional reads,
+//! and a borrowed-slice fast path for mapped files) and finds its files through a [`Location`]
+//! (a folder of named files). Two local implementations live here: memory-mapped files (the
+//! default: gathers copy or decode straight from the page cache) and positional reads (`pread`,
+//! no mapping: for cold data larger than memory, where page faults would serialise random
+//! reads). Remote stores add an object-store location behind the same two traits.
+
+use std::fs::File;
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+/// The bytes of one file of a store.
+pub trait ByteSource: Send + Sync {
+    /// Where the bytes come from (for error messages).
+    fn path(&self) -> &Path;
+
+    /// Size in bytes.
+    fn len(&self) -> u64;
+
+    /// True for an empty file.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole file as one borrowed slice, when it is mapped (the fast path). Sources that
+    /// return `None` are read with [`ByteSource::read_at`].
+    fn as_slice(&self) -> Option<&[u8]>;
+
+    /// Fill all of `out` with the bytes at `offset..offset + out.len()`; a range past the end
+    /// is an [`Error::Corrupt`] naming the file.
+    fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()>;
+}
+
+impl dyn ByteSource + '_ {
+    /// `len` bytes at `offset` into a new vector.
+    pub fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        self.read_at(offset, &mut v.spare_capacity_mut()[..len])?;
+        // SAFETY: `read_at` succeeded, so all `len` bytes were written.
+        unsafe { v.set_len(len) };
+        Ok(v)
+    }
+
+    /// A fixed-size array at `offset`.
+    pub fn read_array<const N: usize>(&self, offset: u64) -> Result<[u8; N]> {
+        if let Some(s) = self.as_slice() {
+            let at = usize::try_from(offset).unwrap_or(usize::MAX);
+            return s
+                .get(at..at.saturating_add(N))
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| past_end(self.path(), offset, N, self.len()));
+        }
+        let mut out = [MaybeUninit::<u8>::uninit(); N];
+        self.read_at(offset, &mut out)?;
+        // SAFETY: `read_at` succeeded, so every byte of `out` was written.
+        Ok(out.map(|b| unsafe { b.assume_init() }))
+    }
+}
+
+fn past_end(path: &Path, offset: u64, len: usize, size: u64) -> Error {
+    Error::corrupt(path, format!("read of {len} bytes at offset {offset} runs past the end of the file ({size} bytes)"))
+}
+
+/// Where a store's files are found.
+pub trait Location: Send + Sync {
+    /// The store's path or URL (for error messages and `path()`).
+    fn path(&self) -> &Path;
+
+    /// A small file read whole (manifest, dictionary); `None` when it does not exist.
+    fn read_small(&self, name: &str, max_bytes: u64) -> Result<Option<Vec<u8>>>;
+
+    /// Open file `name`, checking that it is exactly `expected_len` bytes long.
+    fn open(&self, name: &str, expected_len: u64) -> Result<Box<dyn ByteSource>>;
+}
+
+/// How a local store's files are read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Memory-map every file (default).
+    #[default]
+    Mmap,
+    /// Positional reads (`pread`), no mapping.
+    Pread,
+}
+
+/// A local folder.
+#[derive(Clone, Debug)]
+pub struct LocalFolder {
+    path: PathBuf,
+    mode: ReadMode,
+}
+
+impl LocalFolder {
+    /// The folder at `path`, read with `mode`.
+    pub fn new(path: impl Into<PathBuf>, mode: ReadMode) -> LocalFolder {
+        LocalFolder { path: path.into(), mode }
+    }
+}
+
+/// Open a regular file of the store, checking its size.
+fn open_file(path: &Path, expected_len: u64) -> Result<(File, u64)> {
+    let f = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::corrupt(path, "file listed in the manifest is missing"),
+        _ => Error::io(path, e),
+    })?;
+    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::corrupt(path, "not a regular file"));
+    }
+    let len = meta.len();
+    if len != expected_len {
+        return Err(Error::corrupt(path, format!("file is {len} bytes, manifest says {expected_len} (truncated or extended)")));
+    }
+    Ok((f, len))
+}
+
+impl Location for LocalFolder {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_small(&self, name: &str, max_bytes: u64) -> Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let p = self.path.join(name);
+        let f = match File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&p, e)),
+        };
+        let meta = f.metadata().map_err(|e| Error::io(&p, e))?;
+        if !meta.is_file() {
+            return Err(Error::corrupt(&p, "not a regular file"));
+        }
+        if meta.len() > max_bytes {
+            return Err(Error::corrupt(&p, format!("file is {} bytes, more than the {max_bytes} allowed", meta.len())));
+        }
+        let mut out = Vec::with_capacity(meta.len() as usize);
+        f.take(max_bytes + 1).read_to_end(&mut out).map_err(|e| Error::io(&p, e))?;
+        if out.len() as u64 > max_bytes {
+            return Err(Error::corrupt(&p, format!("file grew past the {max_bytes} bytes allowed")));
+        }
+        Ok(Some(out))
+    }
+
+    fn open(&self, name: &str, expected_len: u64) -> Result<Box<dyn ByteSource>> {
+        let p = self.path.join(name);
+        Ok(match self.mode {
+            ReadMode::Mmap => Box::new(Mapped::open(p, expected_len)?),
+            ReadMode::Pread => Box::new(PreadFile::open(p, expected_len)?),
+        })
+    }
+}
+
+/// A read-only mapping of a whole file (empty files have no mapping).
+pub struct Mapped {
+    path: PathBuf,
+    map: Option<Mmap>,
+}
+
+impl Mapped {
+    /// Map `path`, which must be exactly `expected_len` bytes.
+    pub fn open(path: PathBuf, expected_len: u64) -> Result<Mapped> {
+        let (f, len) = open_file(&path, expected_len)?;
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: the file is opened read-only and stores are immutable once published; a
+            // concurrent external modification would violate the store contract (documented),
+            // and every read is bounds-checked against the mapping length.
+            Some(unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?)
+        };
+        Ok(Mapped { path, map })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+impl ByteSource for Mapped {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+
+    #[inline]
+    fn as_slice(&self) -> Option<&[u8]> {
+        Some(self.bytes())
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        let b = self.bytes();
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        let src = b.get(at..at.saturating_add(out.len())).ok_or_else(|| past_end(&self.path, offset, out.len(), b.len() as u64))?;
+        // SAFETY: `src` and `out` have equal lengths; the mapping and `out` do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.as_mut_ptr().cast::<u8>(), src.len()) };
+        Ok(())
+    }
+}
+
+/// A file read with positional reads (no mapping, no page faults on the reading thread).
+pub struct PreadFile {
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
+impl PreadFile {
+    /// Open `path`, which must be exactly `expected_len` bytes.
+    pub fn open(path: PathBuf, expected_len: u64) -> Result<PreadFile> {
+        let (file, len) = open_file(&path, expected_len)?;
+        Ok(PreadFile { path, file, len })
+    }
+}
+
+impl ByteSource for PreadFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn as_slice(&self) -> Option<&[u8]> {
+        None
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let end = offset.checked_add(out.len() as u64).filter(|&e| e <= self.len);
+        if end.is_none() {
+            return Err(past_end(&self.path, offset, out.len(), self.len));
+        }
+        let fd = self.file.as_raw_fd();
+        let mut done = 0usize;
+        while done < out.len() {
+            let rest = &mut out[done..];
+            // SAFETY: `rest` is a live, writable region of `rest.len()` bytes that pread fills
+            // (it never reads it); `fd` is open for the lifetime of `self.file`.
+            let n = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(Error::io(&self.path, e));
+            }
+            if n == 0 {
+                return Err(Error::corrupt(&self.path, format!("file ended at {} while reading {} bytes at {offset}", offset + done as u64, out.len())));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// xxh3 of a whole source, hex (streamed in 1 MiB pieces for unmapped sources).
+pub(crate) fn source_hash_hex(src: &dyn ByteSource) -> Result<String> {
+    use std::hash::Hasher;
+    if let Some(s) = src.as_slice() {
+        return Ok(crate::store::writer::file_hash_hex(s));
+    }
+    let mut h = twox_hash::XxHash3_64::with_seed(0);
+    let mut at = 0u64;
+    let mut buf = Vec::new();
+    while at < src.len() {
+        let n = (src.len() - at).min(1 << 20) as usize;
+        buf.clear();
+        buf.extend_from_slice(&src.read_vec(at, n)?);
+        h.write(&buf);
+        at += n as u64;
+    }
+    Ok(format!("{:016x}", h.finish()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_and_pread_agree_and_check_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let m: Box<dyn ByteSource> = Box::new(Mapped::open(p.clone(), 5000).unwrap());
+        let r: Box<dyn ByteSource> = Box::new(PreadFile::open(p.clone(), 5000).unwrap());
+        for s in [&m, &r] {
+            assert_eq!(s.len(), 5000);
+            assert_eq!(s.read_vec(4000, 1000).unwrap(), &data[4000..]);
+            assert_eq!(s.read_array::<4>(10).unwrap(), [70, 77, 84, 91]);
+            assert!(matches!(s.read_vec(4001, 1000), Err(Error::Corrupt { .. })));
+            assert!(s.read_array::<8>(u64::MAX - 2).is_err());
+            assert_eq!(source_hash_hex(s.as_ref()).unwrap(), crate::store::writer::file_hash_hex(&data));
+        }
+        assert!(r.as_slice().is_none() && m.as_slice() == Some(&data[..]));
+        assert!(matches!(Mapped::open(p.clone(), 4999), Err(Error::Corrupt { .. })));
+        assert!(matches!(PreadFile::open(dir.path().to_path_buf(), 0), Err(Error::Corrupt { .. })), "a folder is not a store file");
+        let folder = LocalFolder::new(dir.path(), ReadMode::Pread);
+        assert_eq!(folder.read_small("f", 5000).unwrap().unwrap(), data);
+        assert!(folder.read_small("f", 4999).is_err(), "size cap");
+        assert!(folder.read_small("missing", 10).unwrap().is_none());
+    }
+}

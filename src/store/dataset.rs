@@ -1,0 +1,218 @@
+//! Dataset roots: aligned named streams (one record source each) under one folder.
+//!
+//! A root written by `COPY ... STORED AS ZRECORD` (or `DatasetWriter`) holds one store per
+//! column plus `dataset.json` (stream names, their folders, and what a uint8 ragged stream means:
+//! tensor, utf8 or binary), and is published by one atomic rename once every stream is complete.
+//! Streams are `Arc<dyn RecordSource>`: a dataset can also be assembled from any sources
+//! ([`Dataset::from_streams`]) and is then scanned, loaded and queried like one read from disk.
+//! A folder without `dataset.json` whose sub-folders are stores is accepted too (streams sorted
+//! by folder name), so stores written separately can be queried together.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::store::source::with_logical;
+use crate::store::{format, Layout, Logical, RecordSource, Store};
+
+/// The file naming a dataset root's streams.
+pub const DATASET_FILE: &str = "dataset.json";
+/// `format` of `dataset.json`.
+pub const DATASET_FORMAT: &str = "zrecord-dataset";
+/// `version` of `dataset.json`.
+pub const DATASET_VERSION: u32 = 1;
+
+/// `dataset.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DatasetManifest {
+    /// Always `zrecord-dataset`.
+    pub format: String,
+    /// Dataset manifest version.
+    pub version: u32,
+    /// Records per stream.
+    pub record_count: u64,
+    /// The streams, in column order.
+    pub streams: Vec<StreamEntry>,
+}
+
+impl DatasetManifest {
+    /// A manifest of the current version.
+    pub fn new(record_count: u64, streams: Vec<StreamEntry>) -> DatasetManifest {
+        DatasetManifest { format: DATASET_FORMAT.into(), version: DATASET_VERSION, record_count, streams }
+    }
+
+    /// The JSON bytes written to `dataset.json`.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec_pretty(self).map_err(|e| Error::invalid("dataset", e.to_string()))
+    }
+}
+
+/// One stream of `dataset.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamEntry {
+    /// Column name.
+    pub name: String,
+    /// Folder of its store, relative to the root.
+    pub path: String,
+    /// What the records mean (also in the store's own manifest from format version 2).
+    #[serde(default)]
+    pub logical: Logical,
+}
+
+/// One named stream of a dataset.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    /// Column name.
+    pub name: String,
+    /// Where its records come from (its `logical()` says what they mean to Arrow).
+    pub source: Arc<dyn RecordSource>,
+}
+
+impl Stream {
+    /// A stream over `source`.
+    pub fn new(name: impl Into<String>, source: Arc<dyn RecordSource>) -> Stream {
+        Stream { name: name.into(), source }
+    }
+
+    /// What the records mean to Arrow.
+    pub fn logical(&self) -> Logical {
+        self.source.logical()
+    }
+
+    /// A stream over an opened store.
+    pub fn of_store(name: impl Into<String>, store: &Store) -> Stream {
+        Stream::new(name, store.source())
+    }
+
+    /// Record shape.
+    pub fn layout(&self) -> Layout {
+        self.source.layout()
+    }
+
+    /// The local store behind the stream, if any.
+    pub fn store(&self) -> Option<Store> {
+        self.source.store()
+    }
+}
+
+/// Aligned streams with one record count.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    path: PathBuf,
+    streams: Vec<Stream>,
+    len: u64,
+}
+
+/// The column name of a single store: its folder name without extension.
+fn store_column_name(path: &Path) -> String {
+    path.file_stem().or_else(|| path.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "data".into())
+}
+
+impl Dataset {
+    /// Open a store (one stream named after its folder, extension dropped) or a dataset root.
+    pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
+        let path = path.as_ref();
+        if path.join(format::MANIFEST).exists() {
+            let store = Store::open(path)?;
+            let len = store.len();
+            let stream = Stream::of_store(store_column_name(path), &store);
+            return Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len });
+        }
+        let meta = path.join(DATASET_FILE);
+        let streams = if meta.exists() {
+            let text = fs::read(&meta).map_err(|e| Error::io(&meta, e))?;
+            let m: DatasetManifest = serde_json::from_slice(&text).map_err(|e| Error::corrupt(&meta, format!("dataset JSON: {e}")))?;
+            if m.format != DATASET_FORMAT {
+                return Err(Error::corrupt(&meta, format!("format is '{}', not '{DATASET_FORMAT}'", m.format)));
+            }
+            if m.version != DATASET_VERSION {
+                return Err(Error::UnsupportedVersion { path: meta, found: m.version, supported: DATASET_VERSION });
+            }
+            let mut streams = Vec::with_capacity(m.streams.len());
+            for e in m.streams {
+                if e.path.contains("..") || e.path.starts_with('/') {
+                    return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
+                }
+                let store = Store::open(path.join(&e.path))?;
+                // Version-1 stores know no logical type: dataset.json says it. A version-2
+                // store records its own, which must agree.
+                let logical = match (e.logical, store.logical()) {
+                    (l, Logical::Tensor) | (Logical::Tensor, l) => l,
+                    (a, b) if a == b => a,
+                    (a, b) => return Err(Error::corrupt(&meta, format!("stream '{}' is marked {a} but its store says {b}", e.name))),
+                };
+                let source = with_logical(store.source(), logical).map_err(|_| {
+                    Error::corrupt(&meta, format!("stream '{}' is marked {} but is not a uint8 ndim-1 ragged store", e.name, logical.name()))
+                })?;
+                streams.push(Stream::new(e.name, source));
+            }
+            streams
+        } else if path.is_dir() {
+            let mut dirs: Vec<PathBuf> = fs::read_dir(path)
+                .map_err(|e| Error::io(path, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.join(format::MANIFEST).exists())
+                .collect();
+            dirs.sort();
+            let mut streams = Vec::with_capacity(dirs.len());
+            for d in dirs {
+                let store = Store::open(&d)?;
+                streams.push(Stream::of_store(store_column_name(&d), &store));
+            }
+            streams
+        } else {
+            return Err(Error::NotFound { path: path.to_path_buf(), reason: "no manifest.json or dataset.json (and not a folder)".into() });
+        };
+        if streams.is_empty() {
+            return Err(Error::NotFound { path: path.to_path_buf(), reason: "neither a store nor a dataset root (no streams found)".into() });
+        }
+        Dataset::from_streams(path.to_path_buf(), streams)
+    }
+
+    /// Streams given directly (names must be unique; record counts must agree).
+    pub fn from_streams(path: PathBuf, streams: Vec<Stream>) -> Result<Dataset> {
+        let len = streams.first().map(|s| s.source.len()).unwrap_or(0);
+        for (i, s) in streams.iter().enumerate() {
+            if s.name == "_id" || s.name == "_step" {
+                return Err(Error::invalid("stream", format!("stream name '{}' is reserved", s.name)));
+            }
+            if streams[..i].iter().any(|o| o.name == s.name) {
+                return Err(Error::invalid("stream", format!("stream name '{}' appears twice", s.name)));
+            }
+            if s.source.len() != len {
+                return Err(Error::invalid(
+                    "dataset",
+                    format!("streams are not aligned: '{}' has {} records but '{}' has {len}", s.name, s.source.len(), streams[0].name),
+                ));
+            }
+            if s.logical().is_bytes() && !(s.source.dtype() == crate::DType::UInt8 && s.source.layout() == (Layout::Ragged { ndim: 1 })) {
+                return Err(Error::invalid("stream", format!("stream '{}' is {} but its records are not uint8 ndim-1 ragged", s.name, s.logical())));
+            }
+        }
+        Ok(Dataset { path, streams, len })
+    }
+
+    /// Where it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The streams, in column order.
+    pub fn streams(&self) -> &[Stream] {
+        &self.streams
+    }
+
+    /// Records per stream.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when there are no records.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
