@@ -235,7 +235,8 @@ impl RaggedBatch {
     pub fn copy_from_input(allocator: &Allocator, input: &RaggedInput<'_>) -> Result<RaggedBatch> {
         let dtype = input.values.dtype;
         let ndim = input.shapes.shape.get(1).copied().unwrap_or(0);
-        let valid = input.validate(dtype, ndim)?;
+        // A batch may hold empty records; writers decide whether a store accepts them.
+        let valid = input.validate_with(dtype, ndim, true)?;
         let n = valid.len;
         let layout = RaggedLayout::new(input.values.bytes.len(), n, ndim);
         let mut alloc = allocator.allocate(layout.total)?;

@@ -114,6 +114,25 @@ impl PythonSource {
     }
 }
 
+/// Run `f` holding the GIL, from any thread in any state. Gathers reach Python from the
+/// loader's Rust threads, DataFusion's runtime, and from threads where a consumer (pyarrow
+/// reading our Arrow stream) released the GIL inside a call pyo3 still counts as attached, so
+/// `Python::attach` (which trusts that count) is not enough there.
+fn with_python<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
+    struct Release(pyo3::ffi::PyGILState_STATE);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            // SAFETY: pairs with the `PyGILState_Ensure` below, on the same thread.
+            unsafe { pyo3::ffi::PyGILState_Release(self.0) }
+        }
+    }
+    // SAFETY: `PyGILState_Ensure` makes this thread hold the GIL whatever its state (it takes
+    // the GIL if the thread's state is detached, and nests if it is held); the token is used
+    // only inside `f`, while `_release` keeps the GIL held; its drop restores the prior state.
+    let _release = Release(unsafe { pyo3::ffi::PyGILState_Ensure() });
+    f(unsafe { Python::assume_attached() })
+}
+
 impl RecordSource for PythonSource {
     fn name(&self) -> String {
         self.name.clone()
@@ -137,9 +156,9 @@ impl RecordSource for PythonSource {
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _options: &ReadOptions) -> Result<Batch> {
         ids.validate(self.len, std::path::Path::new(&self.name))?;
-        Python::attach(|py| self.gather_py(py, ids, allocator)).map_err(|e| {
-            let msg = Python::attach(|py| e.value(py).to_string());
-            Error::invalid("record source", format!("'{}' gather failed: {msg}", self.name))
+        with_python(|py| {
+            self.gather_py(py, ids, allocator)
+                .map_err(|e| Error::invalid("record source", format!("'{}' gather failed: {}", self.name, e.value(py))))
         })
     }
 }
@@ -155,10 +174,6 @@ pub struct PySourceView {
 impl PySourceView {
     pub(crate) fn view_clone(&self) -> PyResult<SourceView> {
         Ok(self.view.clone())
-    }
-
-    pub(crate) fn wrap(view: SourceView) -> Self {
-        PySourceView { view }
     }
 
     fn batch_to_py(py: Python<'_>, b: Batch, one: bool) -> PyResult<Py<PyAny>> {

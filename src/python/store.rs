@@ -21,7 +21,7 @@ use crate::store::{
 
 fn options(codec: &str, dict_bytes: Option<Vec<u8>>, data_shards: usize, level: i32) -> PyResult<WriterOptions> {
     let codec: Codec = codec.parse().py_err()?;
-    Ok(WriterOptions { codec, level, data_shards, dictionary: dict_bytes })
+    Ok(WriterOptions { codec, level, data_shards, dictionary: dict_bytes, ..Default::default() })
 }
 
 fn closed_writer() -> PyErr {

@@ -168,6 +168,16 @@ impl DenseStore {
         StoreStats::of(&self.core)
     }
 
+    /// What the records mean (from the manifest; `tensor` for version-1 stores).
+    pub fn logical(&self) -> Logical {
+        self.core.logical
+    }
+
+    /// The format version the store was written with.
+    pub fn format_version(&self) -> u32 {
+        self.core.manifest.version
+    }
+
     /// The dictionary bytes of a `zstd_dict` store.
     pub fn dictionary(&self) -> Option<&[u8]> {
         self.core.dictionary.as_deref()
