@@ -60,6 +60,13 @@ fn main() {
                     g.bench_function(format!("zrecord_{codec}_nocheck"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(v.gather(&batches[k]).expect("gather")); }));
                 }
             }
+            // The same gather through the record-source seam (`Arc<dyn RecordSource>`, what the
+            // loader and SQL use), and through positional reads instead of the mapping.
+            let sv = SourceView::new(store.source(), &alloc);
+            g.bench_function(format!("zrecord_{codec}_source"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(sv.gather(&batches[k]).expect("gather")); }));
+            let pread = Store::open_at(&zrecord::store::LocalFolder::new(&path, zrecord::store::ReadMode::Pread)).expect("open");
+            let pv = SourceView::new(pread.source(), &alloc);
+            g.bench_function(format!("zrecord_{codec}_pread"), |b| b.iter(|| { k = (k + 1) % BATCHES; black_box(pv.gather(&batches[k]).expect("gather")); }));
             // Single-thread zstd decode of the same records, from in-memory frames.
             if codec != Codec::Raw {
                 let level = zrecord::store::DEFAULT_LEVEL;
@@ -154,7 +161,7 @@ fn sparse_store(path: &std::path::Path, n: u64) {
     ];
     let m = Manifest {
         format: "zrecord".into(), version: format::FORMAT_VERSION, kind: Kind::Dense, dtype: "uint8".into(),
-        item_shape: Some(vec![1]), ndim: None, codec: "raw".into(), level: 0, record_count: n, data_shards: 1,
+        item_shape: Some(vec![1]), ndim: None, logical: Default::default(), allow_empty: false, codec: "raw".into(), level: 0, record_count: n, data_shards: 1,
         raw_bytes: n, stored_bytes: n, files, created_by: "bench".into(),
     };
     std::fs::write(path.join(format::MANIFEST), m.to_bytes().expect("manifest")).expect("write");

@@ -9,6 +9,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 echo "== cargo test (unit, integration, property, doc tests, sql/*.slt)"
 cargo test --locked
 
+echo "== benches and examples compile (dev profile)"
+cargo build --locked --benches --examples --quiet
+
 echo "== examples"
 cargo run --locked --quiet --example transcode
 
@@ -23,7 +26,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "zrecord":
         print(m["executable"])' | tail -1)
-  for filter in memory:: store::codec:: arrow::; do
+  for filter in memory:: store::codec:: store::bytes:: store::publish:: arrow::; do
     valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite \
       "$bin" --test-threads=1 -q "$filter"
   done
