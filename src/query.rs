@@ -127,7 +127,7 @@ impl UrlTableFactory for UrlTables {
     async fn try_new(&self, url: &str) -> datafusion::error::Result<Option<Arc<dyn TableProvider>>> {
         let p = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
         if p.join(crate::store::format::MANIFEST).exists() || p.join(dataset::DATASET_FILE).exists() {
-            return Ok(Some(Arc::new(ZrecordTable::open(p).map_err(df_err)?)));
+            return Ok(Some(Arc::new(ZrecordTable::open(p)?)));
         }
         self.files.try_new(url).await
     }
@@ -163,7 +163,7 @@ pub trait SessionContextExt {
 
 impl SessionContextExt for SessionContext {
     fn register_zrecord(&self, name: &str, path: impl AsRef<std::path::Path>) -> datafusion::error::Result<()> {
-        let table = ZrecordTable::open(path).map_err(df_err)?;
+        let table = ZrecordTable::open(path)?;
         self.register_table(name, Arc::new(table))?;
         Ok(())
     }

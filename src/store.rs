@@ -6,6 +6,53 @@
 //! The on-disk format is specified in [`format`].
 
 pub mod bytes;
+/// `RecordSource` for a store type and `From<view>` for `SourceView`: the two store kinds
+/// differ only in their layout and gather function.
+macro_rules! store_source {
+    ($store:ident, $view:ident, $kind:ident, $gather:ident) => {
+        impl crate::store::RecordSource for $store {
+            fn name(&self) -> String {
+                self.core.path.display().to_string()
+            }
+
+            fn len(&self) -> u64 {
+                self.core.len
+            }
+
+            fn dtype(&self) -> DType {
+                self.core.dtype
+            }
+
+            fn layout(&self) -> crate::store::Layout {
+                match self.core.kind {
+                    Kind::Dense => crate::store::Layout::Dense { item_shape: self.core.item_shape.clone() },
+                    Kind::Ragged => crate::store::Layout::Ragged { ndim: self.core.ndim },
+                }
+            }
+
+            fn logical(&self) -> Logical {
+                self.core.logical
+            }
+
+            fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &crate::store::ReadOptions) -> Result<crate::store::Batch> {
+                $gather(&self.core, allocator, ids, options.verify_checksums, options.parallel).map(crate::store::Batch::$kind)
+            }
+
+            fn store(&self) -> Option<Store> {
+                Some(Store::$kind(self.clone()))
+            }
+        }
+
+        impl From<$view> for crate::store::SourceView {
+            /// The generic view of the same store, allocator and options.
+            fn from(v: $view) -> crate::store::SourceView {
+                let options = crate::store::ReadOptions { verify_checksums: v.verify, parallel: v.parallel };
+                crate::store::SourceView::new(Arc::new($store::from_core(v.core)), &v.allocator).with_options(options)
+            }
+        }
+    };
+}
+
 pub mod codec;
 pub mod dataset;
 mod dense;

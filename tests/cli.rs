@@ -21,9 +21,19 @@ fn info_and_verify() {
     let out = zrec().arg("info").arg(&p).output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["ragged", "int32", "ndim          1", "zstd (level 5)", "records       300", "ratio"] {
+    for needle in ["format        zrecord v2", "logical       tensor", "ragged", "int32", "ndim          1", "zstd (level 5)", "records       300", "ratio"] {
         assert!(text.contains(needle), "missing '{needle}' in\n{text}");
     }
+    // A version-1 store (checked-in fixture) reports its version; a v2 string store its type.
+    let v1 = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1/dense_f32_zstd");
+    let t1 = String::from_utf8(zrec().arg("info").arg(&v1).output().unwrap().stdout).unwrap();
+    assert!(t1.contains("format        zrecord v1") && t1.contains("item_shape    [2, 3]"), "{t1}");
+    let s = dir.path().join("text");
+    let mut w = RaggedWriter::create(&s, DType::UInt8, 1, WriterOptions::default().logical(zrecord::store::Logical::Utf8).allow_empty(true)).unwrap();
+    w.append(&PackedRagged::from_records(1, [(&b"ab"[..], &[2usize][..]), (&b""[..], &[0usize][..])]).unwrap().as_input()).unwrap();
+    w.finish().unwrap();
+    let ts = String::from_utf8(zrec().arg("info").arg(&s).output().unwrap().stdout).unwrap();
+    assert!(ts.contains("logical       utf8") && ts.contains("empty records allowed"), "{ts}");
     let raw = packed.values.len() * 4;
     assert!(text.contains(&format!("raw bytes     {raw} ")), "{text}");
 

@@ -501,7 +501,7 @@ pub fn column_from_ragged(name: &str, b: &RaggedBatch, logical: Logical) -> Resu
             let values = tensor_buffer(b.values());
             let offsets = OffsetBuffer::new(ScalarBuffer::<i32>::new(tensor_buffer(b.cu_seqlens()), 0, b.len() + 1));
             if logical == Logical::Binary {
-                let arr = BinaryArray::try_new(offsets, values, None).map_err(|e| Error::invalid("arrow", e.to_string()))?;
+                let arr = BinaryArray::try_new(offsets, values, None)?;
                 return Ok((Arc::new(Field::new(name, DataType::Binary, false)), Arc::new(arr)));
             }
             let arr = string_views(&offsets, values)?;

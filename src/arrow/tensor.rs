@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::memory::{RaggedBatch, Tensor};
 
 fn arrow_err(e: arrow_schema::ArrowError) -> Error {
-    Error::invalid("arrow", e.to_string())
+    Error::Arrow(e)
 }
 
 /// The tensor's bytes as an Arrow buffer sharing its allocation.

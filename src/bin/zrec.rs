@@ -85,8 +85,8 @@ fn info(path: PathBuf) -> Result<()> {
             .iter()
             .filter_map(|c| batch.schema().index_of(c).ok())
             .collect();
-        let batch = batch.project(&keep).map_err(|e| Error::invalid("arrow", e.to_string()))?;
-        let text = pretty_format_batches(&[batch]).map_err(|e| Error::invalid("arrow", e.to_string()))?;
+        let batch = batch.project(&keep)?;
+        let text = pretty_format_batches(&[batch])?;
         println!("{text}");
         return Ok(());
     }
@@ -311,7 +311,7 @@ fn sql_demo(root: &std::path::Path, n: usize, alloc: &Allocator) -> Result<()> {
         let sql = "SELECT _id, len, tokens[1] AS first_token FROM gather('sub', [5, 0, 5]) ";
         let batches = ctx.sql(sql).await.map_err(q)?.collect().await.map_err(q)?;
         println!("\nSQL: COPY (first 1000 ragged records) TO a dataset root, then\n  {sql}");
-        println!("{}", pretty_format_batches(&batches).map_err(|e| Error::invalid("arrow", e.to_string()))?);
+        println!("{}", pretty_format_batches(&batches)?);
         let Store::Ragged(store) = Store::open(&src)? else { return Err(Error::invalid("demo", "expected a ragged store")) };
         let view = store.bind(alloc);
         let mut rng = SplitMix64::new(7);

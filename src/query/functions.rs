@@ -75,7 +75,7 @@ fn resolve_table(func: &str, session: &dyn Session, name: &str) -> DfResult<Zrec
     }
     let path = std::path::Path::new(name);
     if path.exists() {
-        return ZrecordTable::open(path).map_err(df_err);
+        return Ok(ZrecordTable::open(path)?);
     }
     Err(arg_err(func, format!("'{name}' is neither a registered zrecord table nor a store / dataset path")))
 }
@@ -99,7 +99,7 @@ impl TableFunctionImpl for GatherFunction {
             v if v.data_type().is_integer() => vec![int_arg(F, exprs, 1, "ids")?.try_into().map_err(|_| arg_err(F, "ids must be >= 0"))?],
             v => return Err(arg_err(F, format!("ids must be a list of integers, got {v}"))),
         };
-        Ok(Arc::new(table.gather(ids).map_err(df_err)?))
+        Ok(Arc::new(table.gather(ids)?))
     }
 }
 
@@ -117,7 +117,7 @@ fn ids_from_array(a: &ArrayRef) -> DfResult<Vec<u64>> {
     let c = c.as_any().downcast_ref::<arrow_array::Int64Array>().ok_or_else(|| arg_err("gather", "ids"))?;
     c.values()
         .iter()
-        .map(|&v| u64::try_from(v).map_err(|_| df_err(Error::invalid("argument", format!("gather: id {v} is negative")))))
+        .map(|&v| u64::try_from(v).map_err(|_| Error::invalid("argument", format!("gather: id {v} is negative")).into()))
         .collect()
 }
 
@@ -132,7 +132,7 @@ impl TableFunctionImpl for InfoFunction {
             return Err(arg_err(F, "expects (table or path)"));
         }
         let table = resolve_table(F, args.session(), &string_arg(F, args.exprs(), 0, "table")?)?;
-        let batch = info_batch(&table).map_err(df_err)?;
+        let batch = info_batch(&table)?;
         Ok(Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))
     }
 }
@@ -197,7 +197,7 @@ pub fn info_batch(table: &ZrecordTable) -> Result<RecordBatch> {
         fields.push(Field::new(name, dt, false));
         arrays.push(arr);
     }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| Error::invalid("arrow", e.to_string()))
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
 }
 
 /// `loader('t', batch_size, mode, seed [, steps])`: one batch per sampler step.
@@ -213,14 +213,14 @@ impl TableFunctionImpl for LoaderFunction {
         }
         let table = resolve_table(F, args.session(), &string_arg(F, e, 0, "table")?)?;
         let batch_size = usize::try_from(int_arg(F, e, 1, "batch_size")?).map_err(|_| arg_err(F, "batch_size must be positive"))?;
-        let mode: Mode = string_arg(F, e, 2, "mode")?.parse().map_err(df_err)?;
+        let mode: Mode = string_arg(F, e, 2, "mode")?.parse()?;
         let seed = u64::try_from(int_arg(F, e, 3, "seed")?).map_err(|_| arg_err(F, "seed must be >= 0"))?;
         let steps = match e.get(4) {
             Some(_) => Some(u64::try_from(int_arg(F, e, 4, "steps")?).map_err(|_| arg_err(F, "steps must be >= 0"))?),
             None => None,
         };
         // Validates batch_size against the record count and mode now (plan time).
-        Sampler::new(table.dataset().len(), batch_size, mode, seed).map_err(df_err)?;
+        Sampler::new(table.dataset().len(), batch_size, mode, seed)?;
         Ok(Arc::new(LoaderTable::new(table, batch_size, mode, seed, steps)?))
     }
 }
@@ -319,7 +319,7 @@ impl ExecutionPlan for LoaderExec {
 
     fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
         if partition != 0 {
-            return Err(df_err(Error::invalid("partition", format!("LoaderExec has one partition, asked for {partition}"))));
+            return Err(Error::invalid("partition", format!("LoaderExec has one partition, asked for {partition}")).into());
         }
         let t = &self.table;
         let sampler = Sampler::new(t.table.dataset().len(), t.batch_size, t.mode, t.seed)?;

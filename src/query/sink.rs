@@ -97,7 +97,7 @@ impl GetExt for ZrecordFormatFactory {
 
 impl FileFormatFactory for ZrecordFormatFactory {
     fn create(&self, _state: &dyn Session, format_options: &HashMap<String, String>) -> DfResult<Arc<dyn FileFormat>> {
-        Ok(Arc::new(ZrecordFormat { options: writer_options(format_options).map_err(df_err)? }))
+        Ok(Arc::new(ZrecordFormat { options: writer_options(format_options)? }))
     }
 
     fn default(&self) -> Arc<dyn FileFormat> {
@@ -152,13 +152,13 @@ impl FileFormat for ZrecordFormat {
         _order: Option<LexRequirement>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         if !conf.table_partition_cols.is_empty() {
-            return Err(df_err(Error::invalid("partition_by", "PARTITIONED BY is not supported for ZRECORD (a dataset root is one aligned set of streams)")));
+            return Err(Error::invalid("partition_by", "PARTITIONED BY is not supported for ZRECORD (a dataset root is one aligned set of streams)").into());
         }
         let schema = input.schema();
-        let columns = plan_columns(&schema).map_err(df_err)?;
-        let path = local_path(&conf.original_url).map_err(df_err)?;
+        let columns = plan_columns(&schema)?;
+        let path = local_path(&conf.original_url)?;
         if std::fs::symlink_metadata(&path).is_ok() {
-            return Err(df_err(Error::AlreadyExists { path }));
+            return Err(Error::AlreadyExists { path }.into());
         }
         let sink = ZrecordSink { path, columns, options: self.options.clone(), schema: conf.output_schema.clone() };
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
@@ -242,15 +242,15 @@ impl DataSink for ZrecordSink {
 
     async fn write_all(&self, mut data: SendableRecordBatchStream, _context: &Arc<TaskContext>) -> DfResult<u64> {
         let keep: Vec<usize> = data.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != ID_COLUMN).map(|(i, _)| i).collect();
-        let mut writer = DatasetWriter::create(&self.path, &self.columns, self.options.clone()).map_err(df_err)?;
+        let mut writer = DatasetWriter::create(&self.path, &self.columns, self.options.clone())?;
         while let Some(batch) = data.next().await {
             let batch = batch?.project(&keep)?;
             // CPU work inline, as DataFusion's own operators do; encoding and writing run on
             // the writer's shard threads.
-            writer.append(&batch).map_err(df_err)?;
+            writer.append(&batch)?;
         }
         let n = writer.len();
-        writer.finish().map_err(df_err)?;
+        writer.finish()?;
         Ok(n)
     }
 }
@@ -264,13 +264,13 @@ impl TableProviderFactory for ZrecordTableFactory {
     async fn create(&self, _state: &dyn Session, cmd: &CreateExternalTable) -> DfResult<Arc<dyn TableProvider>> {
         if !cmd.options.is_empty() {
             let keys: Vec<&String> = cmd.options.keys().collect();
-            return Err(df_err(Error::invalid("option", format!("ZRECORD tables take no OPTIONS (got {keys:?})"))));
+            return Err(Error::invalid("option", format!("ZRECORD tables take no OPTIONS (got {keys:?})")).into());
         }
         let [location] = &cmd.locations[..] else {
-            return Err(df_err(Error::invalid("location", "a ZRECORD table takes exactly one LOCATION (a store or dataset root)")));
+            return Err(Error::invalid("location", "a ZRECORD table takes exactly one LOCATION (a store or dataset root)").into());
         };
-        let path = local_path(location).map_err(df_err)?;
-        let table = ZrecordTable::open(&path).map_err(df_err)?;
+        let path = local_path(location)?;
+        let table = ZrecordTable::open(&path)?;
         Ok(Arc::new(table))
     }
 }

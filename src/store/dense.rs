@@ -13,7 +13,6 @@ use crate::store::gather::{gather_dense, Ids};
 use crate::store::reader::StoreCore;
 use crate::store::writer::{WriterCore, WriterOptions};
 use crate::store::format::Logical;
-use crate::store::source::{Batch, Layout, ReadOptions, RecordSource, SourceView};
 use crate::store::{Store, StoreStats};
 
 /// Builds a dense store. Records are appended in order; [`DenseWriter::finish`] publishes.
@@ -299,40 +298,4 @@ impl DenseView {
     }
 }
 
-impl RecordSource for DenseStore {
-    fn name(&self) -> String {
-        self.core.path.display().to_string()
-    }
-
-    fn len(&self) -> u64 {
-        self.core.len
-    }
-
-    fn dtype(&self) -> DType {
-        self.core.dtype
-    }
-
-    fn layout(&self) -> Layout {
-        Layout::Dense { item_shape: self.core.item_shape.clone() }
-    }
-
-    fn logical(&self) -> Logical {
-        self.core.logical
-    }
-
-    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
-        gather_dense(&self.core, allocator, ids, options.verify_checksums, options.parallel).map(Batch::Dense)
-    }
-
-    fn store(&self) -> Option<Store> {
-        Some(Store::Dense(self.clone()))
-    }
-}
-
-impl From<DenseView> for SourceView {
-    /// The generic view of the same store, allocator and options.
-    fn from(v: DenseView) -> SourceView {
-        let options = ReadOptions { verify_checksums: v.verify, parallel: v.parallel };
-        SourceView::new(Arc::new(DenseStore::from_core(v.core)), &v.allocator).with_options(options)
-    }
-}
+store_source!(DenseStore, DenseView, Dense, gather_dense);

@@ -13,7 +13,6 @@ use crate::store::gather::{gather_ragged, Ids};
 use crate::store::reader::{StoreCore, MAX_NDIM};
 use crate::store::writer::{WriterCore, WriterOptions};
 use crate::store::format::Logical;
-use crate::store::source::{Batch, Layout, ReadOptions, RecordSource, SourceView};
 use crate::store::{Store, StoreStats};
 
 /// Builds a ragged store from packed batches (`values`, `cu_seqlens`, `shapes`).
@@ -291,40 +290,4 @@ impl RaggedView {
     }
 }
 
-impl RecordSource for RaggedStore {
-    fn name(&self) -> String {
-        self.core.path.display().to_string()
-    }
-
-    fn len(&self) -> u64 {
-        self.core.len
-    }
-
-    fn dtype(&self) -> DType {
-        self.core.dtype
-    }
-
-    fn layout(&self) -> Layout {
-        Layout::Ragged { ndim: self.core.ndim }
-    }
-
-    fn logical(&self) -> Logical {
-        self.core.logical
-    }
-
-    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
-        gather_ragged(&self.core, allocator, ids, options.verify_checksums, options.parallel).map(Batch::Ragged)
-    }
-
-    fn store(&self) -> Option<Store> {
-        Some(Store::Ragged(self.clone()))
-    }
-}
-
-impl From<RaggedView> for SourceView {
-    /// The generic view of the same store, allocator and options.
-    fn from(v: RaggedView) -> SourceView {
-        let options = ReadOptions { verify_checksums: v.verify, parallel: v.parallel };
-        SourceView::new(Arc::new(RaggedStore::from_core(v.core)), &v.allocator).with_options(options)
-    }
-}
+store_source!(RaggedStore, RaggedView, Ragged, gather_ragged);
