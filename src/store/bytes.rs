@@ -29,7 +29,9 @@ pub trait ByteSource: Send + Sync {
     }
 
     /// The whole file as one borrowed slice, when it is mapped (the fast path). Sources that
-    /// return `None` are read with [`ByteSource::read_at`].
+    /// return `None` are read with [`ByteSource::read_at`]. Contract: a source that returns a
+    /// slice returns the same one (same address, length and bytes) for as long as it lives;
+    /// readers cache it at open.
     fn as_slice(&self) -> Option<&[u8]>;
 
     /// Fill all of `out` with the bytes at `offset..offset + out.len()`; a range past the end

@@ -93,6 +93,53 @@ impl VerifiedSet {
     }
 }
 
+/// One file of an opened store: its byte source, and for a mapped source its bytes cached as
+/// a slice at open, so the hot path reads them with no dynamic call (the seam costs nothing on
+/// the mmap path).
+pub(crate) struct StoreFile {
+    src: Box<dyn ByteSource>,
+    mapped: Option<(std::ptr::NonNull<u8>, usize)>,
+}
+
+// SAFETY: the cached pointer is to immutable bytes owned by `src` (which is Send + Sync);
+// sharing or sending it is as safe as sharing `src` itself.
+unsafe impl Send for StoreFile {}
+// SAFETY: as above; nothing is ever written through the pointer.
+unsafe impl Sync for StoreFile {}
+
+impl StoreFile {
+    fn new(src: Box<dyn ByteSource>) -> StoreFile {
+        let mapped = src.as_slice().map(|s| (std::ptr::NonNull::from(s).cast::<u8>(), s.len()));
+        StoreFile { src, mapped }
+    }
+
+    /// The mapped bytes, if the source is mapped.
+    #[inline(always)]
+    pub(crate) fn as_slice(&self) -> Option<&[u8]> {
+        // SAFETY: `ByteSource::as_slice` promises the same bytes, valid and unchanged, for as
+        // long as the source lives; `src` is owned here and never replaced, and the returned
+        // slice borrows `self`, so it cannot outlive `src`.
+        self.mapped.map(|(p, n)| unsafe { std::slice::from_raw_parts(p.as_ptr().cast_const(), n) })
+    }
+
+    /// The byte source.
+    pub(crate) fn source(&self) -> &dyn ByteSource {
+        self.src.as_ref()
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.src.path()
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.src.len()
+    }
+
+    pub(crate) fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        self.src.read_at(offset, out)
+    }
+}
+
 /// An opened store of either kind.
 pub(crate) struct StoreCore {
     pub(crate) verified: VerifiedSet,
@@ -107,9 +154,9 @@ pub(crate) struct StoreCore {
     pub(crate) len: u64,
     /// Dense: decoded bytes per record.
     pub(crate) record_bytes: usize,
-    pub(crate) index: Box<dyn ByteSource>,
-    pub(crate) shapes: Option<Box<dyn ByteSource>>,
-    pub(crate) shards: Vec<Box<dyn ByteSource>>,
+    pub(crate) index: StoreFile,
+    pub(crate) shapes: Option<StoreFile>,
+    pub(crate) shards: Vec<StoreFile>,
     pub(crate) dictionary: Option<Vec<u8>>,
     pub(crate) decoder: Decoder,
     /// Records gathered through this opened store (a counter for tests and metrics).
@@ -242,12 +289,12 @@ fn header_of(src: &dyn ByteSource) -> Result<Vec<u8>> {
     src.read_vec(0, n)
 }
 
-/// Read `N` bytes at `at` of a source: the mapped slice when there is one, else a positional read.
+/// Read `N` bytes at `at` of a file: the mapped slice when there is one, else a positional read.
 #[inline(always)]
-fn read_fixed<const N: usize>(src: &dyn ByteSource, at: usize) -> Result<[u8; N]> {
-    match src.as_slice() {
-        Some(b) => b.get(at..at + N).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(src.path(), format!("read at {at} past the end"))),
-        None => src.read_array::<N>(at as u64),
+fn read_fixed<const N: usize>(f: &StoreFile, at: usize) -> Result<[u8; N]> {
+    match f.as_slice() {
+        Some(b) => b.get(at..at + N).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(f.path(), format!("read at {at} past the end"))),
+        None => f.source().read_array::<N>(at as u64),
     }
 }
 
@@ -285,9 +332,9 @@ impl StoreCore {
             len,
             record_bytes: d.record_bytes,
             manifest,
-            index,
-            shapes,
-            shards,
+            index: StoreFile::new(index),
+            shapes: shapes.map(StoreFile::new),
+            shards: shards.into_iter().map(StoreFile::new).collect(),
             dictionary,
             decoder,
         })
@@ -297,7 +344,7 @@ impl StoreCore {
     #[inline]
     pub(crate) fn entry(&self, id: u64) -> Result<IndexEntry> {
         let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
-        Ok(IndexEntry::decode(&read_fixed::<ENTRY_BYTES>(self.index.as_ref(), at)?))
+        Ok(IndexEntry::decode(&read_fixed::<ENTRY_BYTES>(&self.index, at)?))
     }
 
     /// Shape row of ragged record `id` into `out[..ndim]`; returns its element count.
@@ -306,8 +353,20 @@ impl StoreCore {
         let Some(sh) = &self.shapes else { return Ok(0) };
         let at = HEADER_BYTES + id as usize * self.ndim * 8;
         let mut n: u64 = 1;
-        for (k, d) in out.iter_mut().take(self.ndim).enumerate() {
-            *d = u64::from_le_bytes(read_fixed::<8>(sh.as_ref(), at + k * 8)?);
+        let mut row_buf = [MaybeUninit::<u8>::uninit(); MAX_NDIM * 8];
+        let row: &[u8] = match sh.as_slice() {
+            Some(b) => b.get(at..at + self.ndim * 8).ok_or_else(|| Error::corrupt(sh.path(), format!("shape row of record {id} past the end")))?,
+            None => {
+                let buf = &mut row_buf[..self.ndim * 8];
+                sh.read_at(at as u64, buf)?;
+                // SAFETY: `read_at` succeeded, so every byte of `buf` was written.
+                unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) }
+            }
+        };
+        for (d, c) in out.iter_mut().zip(row.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            *d = u64::from_le_bytes(b);
             n = n.checked_mul(*d).ok_or_else(|| Error::corrupt(sh.path(), format!("shape of record {id} overflows")))?;
         }
         if (n == 0 && !self.manifest.allow_empty) || n.saturating_mul(self.dtype.size() as u64) > format::MAX_RECORD_BYTES {
@@ -334,13 +393,13 @@ impl StoreCore {
         Ok(Some(src))
     }
 
-    fn shard(&self, id: u64, e: &IndexEntry) -> Result<&dyn ByteSource> {
-        self.shards.get(e.shard as usize).map(|s| s.as_ref()).ok_or_else(|| {
+    fn shard(&self, id: u64, e: &IndexEntry) -> Result<&StoreFile> {
+        self.shards.get(e.shard as usize).ok_or_else(|| {
             Error::corrupt(self.index.path(), format!("record {id} names shard {} of {}", e.shard, self.shards.len()))
         })
     }
 
-    fn out_of_shard(&self, id: u64, e: &IndexEntry, shard: &dyn ByteSource) -> Error {
+    fn out_of_shard(&self, id: u64, e: &IndexEntry, shard: &StoreFile) -> Error {
         Error::corrupt(
             self.index.path(),
             format!("record {id} points at bytes {}+{} beyond {} ({} bytes)", e.offset, e.stored_len, shard.path().display(), shard.len()),
@@ -476,9 +535,9 @@ impl StoreCore {
     /// `progress(records_done)` is called as records complete.
     pub(crate) fn verify(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
         // Whole files, in parallel.
-        let mut files: Vec<&dyn ByteSource> = vec![self.index.as_ref()];
-        files.extend(self.shapes.iter().map(|s| s.as_ref()));
-        files.extend(self.shards.iter().map(|s| s.as_ref()));
+        let mut files: Vec<&dyn ByteSource> = vec![self.index.source()];
+        files.extend(self.shapes.iter().map(|s| s.source()));
+        files.extend(self.shards.iter().map(|s| s.source()));
         files.par_iter().try_for_each(|m| {
             let name = m.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let want = self.manifest.file(&name).map(|f| f.xxh3.as_str()).unwrap_or("");
