@@ -105,8 +105,22 @@ impl LocalFolder {
     }
 }
 
+/// Refuse anything but a regular file before opening it: opening a FIFO for reading blocks
+/// until a writer appears, and a device (a symlink to `/dev/zero`) never ends.
+fn check_regular(path: &Path) -> Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(true),
+        Ok(_) => Err(Error::corrupt(path, "not a regular file")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
 /// Open a regular file of the store, checking its size.
 fn open_file(path: &Path, expected_len: u64) -> Result<(File, u64)> {
+    if !check_regular(path)? {
+        return Err(Error::corrupt(path, "file listed in the manifest is missing"));
+    }
     let f = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::corrupt(path, "file listed in the manifest is missing"),
         _ => Error::io(path, e),
@@ -130,6 +144,9 @@ impl Location for LocalFolder {
     fn read_small(&self, name: &str, max_bytes: u64) -> Result<Option<Vec<u8>>> {
         use std::io::Read;
         let p = self.path.join(name);
+        if !check_regular(&p)? {
+            return Ok(None);
+        }
         let f = match File::open(&p) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -312,5 +329,16 @@ mod tests {
         assert_eq!(folder.read_small("f", 5000).unwrap().unwrap(), data);
         assert!(folder.read_small("f", 4999).is_err(), "size cap");
         assert!(folder.read_small("missing", 10).unwrap().is_none());
+        // A FIFO or a device in place of a store file is refused at once (opening a FIFO for
+        // reading would block until a writer appears; a device never ends).
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY (test): a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(folder.read_small("fifo", 100), Err(Error::Corrupt { .. })));
+        assert!(matches!(Mapped::open(fifo.clone(), 0), Err(Error::Corrupt { .. })));
+        assert!(matches!(PreadFile::open(fifo, 0), Err(Error::Corrupt { .. })));
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).unwrap();
+        assert!(matches!(folder.read_small("zero", 100), Err(Error::Corrupt { .. })));
     }
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::store::bytes::Location;
 use crate::store::source::with_logical;
 use crate::store::{format, Layout, Logical, RecordSource, Store};
 
@@ -123,7 +124,10 @@ impl Dataset {
         }
         let meta = path.join(DATASET_FILE);
         let streams = if meta.exists() {
-            let text = fs::read(&meta).map_err(|e| Error::io(&meta, e))?;
+            // Bounded, regular files only (a FIFO named dataset.json must not hang open).
+            let text = crate::store::bytes::LocalFolder::new(path, Default::default())
+                .read_small(DATASET_FILE, 16 << 20)?
+                .ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "dataset.json vanished while opening".into() })?;
             let m: DatasetManifest = serde_json::from_slice(&text).map_err(|e| Error::corrupt(&meta, format!("dataset JSON: {e}")))?;
             if m.format != DATASET_FORMAT {
                 return Err(Error::corrupt(&meta, format!("format is '{}', not '{DATASET_FORMAT}'", m.format)));
