@@ -220,7 +220,7 @@ impl Error {
         loop {
             match cur {
                 Error::Context { source, .. } => cur = source,
-                Error::DataFusion(d) => match crate::query::zrecord_error(d) {
+                Error::DataFusion(d) => match zrecord_error_in(d) {
                     Some(inner) => cur = inner,
                     None => return cur,
                 },
@@ -230,6 +230,32 @@ impl Error {
                 },
                 _ => return cur,
             }
+        }
+    }
+}
+
+/// The zrecord error inside a DataFusion error (through context, shared, diagnostic and
+/// Arrow external wrappers), if that is what it is.
+pub(crate) fn zrecord_error_in(e: &datafusion::error::DataFusionError) -> Option<&Error> {
+    use datafusion::error::DataFusionError;
+    let mut cur: &DataFusionError = e;
+    loop {
+        match cur {
+            DataFusionError::External(b) => return b.downcast_ref::<Error>(),
+            DataFusionError::Context(_, inner) => cur = inner,
+            DataFusionError::Shared(inner) => cur = inner,
+            DataFusionError::Diagnostic(_, inner) => cur = inner,
+            DataFusionError::ArrowError(a, _) => {
+                if let arrow_schema::ArrowError::ExternalError(b) = a.as_ref() {
+                    if let Some(d) = b.downcast_ref::<DataFusionError>() {
+                        cur = d;
+                        continue;
+                    }
+                    return b.downcast_ref::<Error>();
+                }
+                return None;
+            }
+            _ => return None,
         }
     }
 }

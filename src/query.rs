@@ -77,26 +77,7 @@ pub fn df_err(e: crate::Error) -> DataFusionError {
 
 /// The zrecord error inside a DataFusion error, if that is what it is.
 pub fn zrecord_error(e: &DataFusionError) -> Option<&crate::Error> {
-    let mut cur: &DataFusionError = e;
-    loop {
-        match cur {
-            DataFusionError::External(b) => return b.downcast_ref::<crate::Error>(),
-            DataFusionError::Context(_, inner) => cur = inner,
-            DataFusionError::Shared(inner) => cur = inner,
-            DataFusionError::Diagnostic(_, inner) => cur = inner,
-            DataFusionError::ArrowError(a, _) => {
-                if let arrow_schema::ArrowError::ExternalError(b) = a.as_ref() {
-                    if let Some(d) = b.downcast_ref::<DataFusionError>() {
-                        cur = d;
-                        continue;
-                    }
-                    return b.downcast_ref::<crate::Error>();
-                }
-                return None;
-            }
-            _ => return None,
-        }
-    }
+    crate::error::zrecord_error_in(e)
 }
 
 /// Add zrecord's table factory, file format and table functions to a context.

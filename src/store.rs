@@ -31,7 +31,7 @@ macro_rules! store_source {
             }
 
             fn logical(&self) -> Logical {
-                self.core.logical
+                self.core.manifest.logical
             }
 
             fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &crate::store::ReadOptions) -> Result<crate::store::Batch> {
@@ -164,7 +164,7 @@ impl Store {
 
     /// What the records mean (from the manifest; `tensor` for version-1 stores).
     pub fn logical(&self) -> Logical {
-        self.core().logical
+        self.core().manifest.logical
     }
 
     /// Whether the store may hold empty records.

@@ -117,11 +117,7 @@ impl DatasetWriter {
             entries.push(StreamEntry { name: c.name.clone(), path: c.folder.clone(), logical });
         }
         let manifest = DatasetManifest::new(count.unwrap_or(0), entries);
-        // Stream writers publish (and fsync) into the staging folder; dropping the columns
-        // first would only remove unfinished ones.
-        let columns = std::mem::take(&mut self.columns);
-        drop(columns);
-        let DatasetWriter { staging, .. } = self;
-        staging.publish(DATASET_FILE, &manifest.to_bytes()?)
+        // Every stream is published (and fsynced) inside the staging folder: publish the root.
+        self.staging.publish(DATASET_FILE, &manifest.to_bytes()?)
     }
 }

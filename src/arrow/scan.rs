@@ -69,6 +69,16 @@ pub enum ScanColumn {
     Stream(usize),
 }
 
+impl ScanColumn {
+    /// Column `c` of a full scan (`Scanner::all_columns`): `_id`, then the streams in order.
+    pub fn at(c: usize) -> ScanColumn {
+        match c {
+            0 => ScanColumn::Id,
+            c => ScanColumn::Stream(c - 1),
+        }
+    }
+}
+
 /// Scans a dataset's streams into Arrow record batches.
 #[derive(Clone, Debug)]
 pub struct Scanner {
@@ -96,7 +106,7 @@ impl Scanner {
 
     /// Every column: `_id`, then each stream.
     pub fn all_columns(&self) -> Vec<ScanColumn> {
-        std::iter::once(ScanColumn::Id).chain((0..self.dataset.streams().len()).map(ScanColumn::Stream)).collect()
+        (0..=self.dataset.streams().len()).map(ScanColumn::at).collect()
     }
 
     /// The schema of `columns`.

@@ -337,10 +337,14 @@ impl RaggedBatch {
         if i >= self.len() {
             return Err(Error::invalid("index", format!("{i} out of range for batch of {} records", self.len())));
         }
-        self.record_unchecked_meta(i)
+        let (start, shape) = self.record_meta(i)?;
+        let shape: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+        // `sub` bounds-checks against the values, so a cu_seqlens past the end is an error too.
+        self.values.sub(start * self.dtype().size(), shape)
     }
 
-    fn record_unchecked_meta(&self, i: usize) -> Result<Tensor> {
+    /// Record `i`'s first value and shape row, checked against each other (`i < len`).
+    fn record_meta(&self, i: usize) -> Result<(usize, &[u64])> {
         let cu = self.cu_seqlens_slice();
         let nd = self.ndim();
         let row = self.shapes_slice().get(i * nd..(i + 1) * nd).ok_or_else(|| Error::ragged(format!("shapes has no row {i}")))?;
@@ -349,8 +353,7 @@ impl RaggedBatch {
         if a < 0 || b < a || numel != Some((b - a) as u64) {
             return Err(Error::ragged(format!("record {i}: cu_seqlens [{a}, {b}) and shape {row:?} disagree (batch metadata was modified)")));
         }
-        let shape: Vec<usize> = row.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
-        self.values.sub(a as usize * self.dtype().size(), shape)
+        Ok((a as usize, row))
     }
 
     /// Check the batch's metadata: `cu_seqlens` starts at 0, never decreases and ends at the
@@ -360,20 +363,11 @@ impl RaggedBatch {
     pub fn check(&self) -> Result<()> {
         let cu = self.cu_seqlens_slice();
         let n = self.len();
-        if cu.len() != n + 1 || cu.first() != Some(&0) {
+        if cu.first() != Some(&0) {
             return Err(Error::ragged("cu_seqlens must start at 0 (batch metadata was modified)"));
         }
-        let nd = self.ndim();
-        let shapes = self.shapes_slice();
-        if shapes.len() != n * nd {
-            return Err(Error::ragged("shapes do not match the record count"));
-        }
         for i in 0..n {
-            let (a, b) = (cu[i], cu[i + 1]);
-            let numel = shapes[i * nd..(i + 1) * nd].iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
-            if b < a || numel != Some((b - a) as u64) {
-                return Err(Error::ragged(format!("record {i}: cu_seqlens [{a}, {b}) and its shape disagree (batch metadata was modified)")));
-            }
+            self.record_meta(i)?;
         }
         if cu[n] as usize != self.values.numel() {
             return Err(Error::ragged(format!("cu_seqlens ends at {} but values hold {} elements (batch metadata was modified)", cu[n], self.values.numel())));
@@ -381,10 +375,9 @@ impl RaggedBatch {
         Ok(())
     }
 
-    /// Every record as a tensor view (the metadata is checked first).
+    /// Every record as a tensor view (each record's metadata checked).
     pub fn to_tensors(&self) -> Result<Vec<Tensor>> {
-        self.check()?;
-        (0..self.len()).map(|i| self.record_unchecked_meta(i)).collect()
+        (0..self.len()).map(|i| self.record(i)).collect()
     }
 
     /// A borrowed view, valid `append` input (a gathered batch transcodes directly).

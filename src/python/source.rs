@@ -79,13 +79,17 @@ impl PythonSource {
     }
 
     fn gather_py(&self, py: Python<'_>, ids: Ids<'_>, allocator: &Allocator) -> PyResult<Batch> {
-        let list: Vec<u64> = (0..ids.len()).map(|k| ids.get(k)).collect();
-        let ids_t = Tensor::from_slice(&Allocator::cpu(0), &list, &[list.len()]).py_err()?;
+        let n = ids.len();
+        let ids_t = match ids {
+            Ids::List(l) => Tensor::from_slice(&Allocator::cpu(0), l, &[n]),
+            range => Tensor::from_slice(&Allocator::cpu(0), &(0..n).map(|k| range.get(k)).collect::<Vec<_>>(), &[n]),
+        }
+        .py_err()?;
         let out = self.obj.bind(py).call_method1("gather", (PyDLTensor::new(ids_t, true),))?;
         match &self.layout {
             Layout::Dense { item_shape } => {
                 let im = Imported::from_any(&out)?;
-                let mut want = vec![list.len()];
+                let mut want = vec![n];
                 want.extend_from_slice(item_shape);
                 if im.dtype != self.dtype || im.shape != want {
                     return Err(PyValueError::new_err(format!(
@@ -103,8 +107,8 @@ impl PythonSource {
                 let b = out.cast::<PyRaggedBatch>().map_err(|_| PyTypeError::new_err(format!("source '{}' gather must return a RaggedBatch", self.name)))?;
                 let rb = b.get().with_input(py, |input| {
                     let valid = input.validate_with(self.dtype, *ndim, true).py_err()?;
-                    if valid.len != list.len() {
-                        return Err(PyValueError::new_err(format!("source '{}' gather returned {} records for {} ids", self.name, valid.len, list.len())));
+                    if valid.len != n {
+                        return Err(PyValueError::new_err(format!("source '{}' gather returned {} records for {} ids", self.name, valid.len, n)));
                     }
                     RaggedBatch::copy_from_input(allocator, input).py_err()
                 })?;
@@ -314,33 +318,42 @@ impl PySourceView {
 pub struct PyDatasetWriter {
     path: PathBuf,
     options: WriterOptions,
-    inner: Mutex<Option<DatasetWriter>>,
-    done: Mutex<bool>,
-    /// Records appended per stream (kept after publish).
+    /// One lock for the whole state, taken with the GIL released (a write may read a
+    /// Python-backed stream, which needs the GIL).
+    state: Mutex<WriterState>,
+    /// Records appended per stream (readable while a write runs, and after publish).
     rows: std::sync::atomic::AtomicU64,
 }
 
+enum WriterState {
+    /// No data yet: streams and layouts come from the first schema.
+    Empty,
+    Open(DatasetWriter),
+    /// Published, aborted, or failed half-way (then nothing is published).
+    Closed,
+}
+
 impl PyDatasetWriter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WriterState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn append_reader(&self, py: Python<'_>, reader: Box<dyn RecordBatchReader + Send>) -> PyResult<u64> {
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if *self.done.lock().unwrap_or_else(|p| p.into_inner()) {
-            return Err(PyValueError::new_err("dataset writer is closed"));
-        }
-        if guard.is_none() {
-            let schema = reader.schema();
-            let p = self.path.clone();
-            let opts = self.options.clone();
-            *guard = Some(py.detach(move || DatasetWriter::for_schema(&p, &schema, opts)).py_err()?);
-        }
-        let w = guard.as_mut().ok_or_else(|| PyValueError::new_err("dataset writer is closed"))?;
-        let r = py.detach(|| w.append_reader(reader));
-        self.rows.store(w.len(), std::sync::atomic::Ordering::Relaxed);
-        if r.is_err() {
-            // A half-appended batch leaves streams of unequal length: publish nothing.
-            guard.take();
-            *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        }
-        r.py_err()
+        py.detach(|| {
+            let mut state = self.lock();
+            if matches!(*state, WriterState::Empty) {
+                *state = WriterState::Open(DatasetWriter::for_schema(&self.path, &reader.schema(), self.options.clone())?);
+            }
+            let WriterState::Open(w) = &mut *state else { return Err(Error::Closed { what: "dataset writer" }) };
+            let r = w.append_reader(reader);
+            self.rows.store(w.len(), std::sync::atomic::Ordering::Relaxed);
+            if r.is_err() {
+                // A half-appended batch leaves streams of unequal length: publish nothing.
+                *state = WriterState::Closed;
+            }
+            r
+        })
+        .py_err()
     }
 }
 
@@ -351,12 +364,13 @@ impl PyDatasetWriter {
     #[new]
     #[pyo3(signature = (path, codec = "raw", level = 3, data_shards = 4, dict_bytes = None, allow_empty = false))]
     fn new(path: PathBuf, codec: &str, level: i32, data_shards: usize, dict_bytes: Option<Vec<u8>>, allow_empty: bool) -> PyResult<Self> {
+        // Checked again when the first write creates the staging folder; here for an early error.
         if std::fs::symlink_metadata(&path).is_ok() {
             return Err(to_py(Error::AlreadyExists { path }));
         }
         let codec = codec.parse().py_err()?;
         let options = WriterOptions { codec, level, data_shards, dictionary: dict_bytes, allow_empty, ..Default::default() };
-        Ok(PyDatasetWriter { path, options, inner: Mutex::new(None), done: Mutex::new(false), rows: Default::default() })
+        Ok(PyDatasetWriter { path, options, state: Mutex::new(WriterState::Empty), rows: Default::default() })
     }
 
     /// Append Arrow data (anything with `__arrow_c_stream__` or `__arrow_c_array__`), one
@@ -387,22 +401,17 @@ impl PyDatasetWriter {
 
     /// Publish the dataset root (idempotent). Nothing written yet is an error.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        if *done {
-            return Ok(());
-        }
-        let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        *done = true;
-        match w {
-            Some(w) => py.detach(|| w.finish()).map(|_| ()).py_err(),
-            None => Err(PyValueError::new_err("nothing was written: a dataset needs a schema (write at least one batch, even an empty one)")),
-        }
+        py.detach(|| match std::mem::replace(&mut *self.lock(), WriterState::Closed) {
+            WriterState::Open(w) => w.finish().map(|_| ()).map_err(to_py),
+            WriterState::Closed => Ok(()),
+            WriterState::Empty => Err(PyValueError::new_err("nothing was written: a dataset needs a schema (write at least one batch, even an empty one)")),
+        })
     }
 
     /// Discard everything; nothing is published.
-    fn abort(&self) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    fn abort(&self, py: Python<'_>) {
+        // Dropping the writer removes its staging folder.
+        py.detach(|| drop(std::mem::replace(&mut *self.lock(), WriterState::Closed)));
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -412,7 +421,7 @@ impl PyDatasetWriter {
     #[pyo3(signature = (exc_type = None, _exc = None, _tb = None))]
     fn __exit__(&self, py: Python<'_>, exc_type: Option<Bound<'_, PyAny>>, _exc: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> PyResult<bool> {
         if exc_type.is_some_and(|e| !e.is_none()) {
-            self.abort();
+            self.abort(py);
         } else {
             self.close(py)?;
         }
@@ -424,9 +433,8 @@ impl PyDatasetWriter {
     }
 }
 
-/// `dict` of stream name -> list of views/sources, for `register_sources`.
-pub(crate) fn streams_of(py: Python<'_>, streams: &Bound<'_, PyDict>) -> PyResult<Vec<crate::store::Stream>> {
-    let _ = py;
+/// A `dict` of stream name -> store, view or record source, as `register_sources` streams.
+pub(crate) fn streams_of(streams: &Bound<'_, PyDict>) -> PyResult<Vec<crate::store::Stream>> {
     let mut out = Vec::new();
     for (k, v) in streams.iter() {
         let name: String = k.extract().map_err(|_| PyTypeError::new_err("stream names must be strings"))?;

@@ -95,8 +95,8 @@ impl PySessionContext {
     /// Register aligned record sources as one table: `{"x": view_or_source, ...}` (store
     /// views, `SourceView`s, or Python record sources). Columns `_id` then the streams, in
     /// order; the same scans, filters, `gather()` and `loader()` as a table read from disk.
-    fn register_sources(&self, py: Python<'_>, name: &str, streams: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
-        let streams = crate::python::source::streams_of(py, streams)?;
+    fn register_sources(&self, name: &str, streams: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+        let streams = crate::python::source::streams_of(streams)?;
         let ds = crate::store::Dataset::from_streams(std::path::PathBuf::from(name), streams).py_err()?;
         let table = ZrecordTable::new(ds).py_err()?;
         self.ctx.register_table(name, Arc::new(table)).map(|_| ()).map_err(df_to_py)

@@ -33,8 +33,6 @@ pub use crate::store::Selection;
 pub struct ZrecordTable {
     dataset: Dataset,
     schema: SchemaRef,
-    /// What each schema column reads.
-    columns: Vec<ScanColumn>,
     order: Option<Arc<Vec<u64>>>,
     allocator: Allocator,
 }
@@ -61,9 +59,8 @@ impl ZrecordTable {
     pub fn new(dataset: Dataset) -> Result<ZrecordTable> {
         let allocator = default_allocator();
         let scanner = Scanner::new(dataset.clone(), &allocator);
-        let columns = scanner.all_columns();
-        let schema = scanner.schema(&columns)?;
-        Ok(ZrecordTable { dataset, schema, columns, order: None, allocator })
+        let schema = scanner.schema(&scanner.all_columns())?;
+        Ok(ZrecordTable { dataset, schema, order: None, allocator })
     }
 
     /// A scanner of the table's dataset, gathering into its allocator.
@@ -158,7 +155,7 @@ impl TableProvider for ZrecordTable {
         let config = state.config();
         // Rows per batch: the session's batch_size, capped so that one batch of the projected
         // streams stays near BATCH_BYTES.
-        let cols: Vec<ScanColumn> = projection.iter().map(|&c| self.columns[c]).collect();
+        let cols: Vec<ScanColumn> = projection.iter().map(|&c| ScanColumn::at(c)).collect();
         let batch_size = self.scanner().rows_per_batch(&cols, config.batch_size());
         let partitions = match &selection {
             // Explicit order: one ordered partition (the gather itself runs in parallel).
@@ -217,7 +214,7 @@ impl ZrecordScanExec {
     pub fn streams_read(&self) -> Vec<String> {
         self.projection
             .iter()
-            .filter_map(|&c| match self.table.columns[c] {
+            .filter_map(|&c| match ScanColumn::at(c) {
                 ScanColumn::Stream(s) => Some(self.table.dataset.streams()[s].name.clone()),
                 ScanColumn::Id => None,
             })
@@ -264,7 +261,7 @@ impl ExecutionPlan for ZrecordScanExec {
             .ok_or_else(|| Error::invalid("partition", format!("{partition} of {}", self.partitions.len())))?;
         // Several partitions already run in parallel: each gathers single-threaded then.
         let options = ReadOptions { parallel: self.partitions.len() == 1, ..ReadOptions::default() };
-        let cols: Vec<ScanColumn> = self.projection.iter().map(|&c| self.table.columns[c]).collect();
+        let cols: Vec<ScanColumn> = self.projection.iter().map(|&c| ScanColumn::at(c)).collect();
         let reader = self.table.scanner().with_options(options).scan(sel, &cols, self.batch_size)?;
         let stream = futures::stream::iter(reader.map(|r| r.map_err(datafusion::error::DataFusionError::from)));
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))

@@ -105,31 +105,33 @@ impl LocalFolder {
     }
 }
 
-/// Refuse anything but a regular file before opening it: opening a FIFO for reading blocks
-/// until a writer appears, and a device (a symlink to `/dev/zero`) never ends.
-fn check_regular(path: &Path) -> Result<bool> {
+/// Open `path` if it is a regular file (`None` when it does not exist). Anything else is
+/// refused before opening: opening a FIFO for reading blocks until a writer appears, and a
+/// device (a symlink to `/dev/zero`) never ends. Checked again on the opened file, in case the
+/// path was swapped in between.
+fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
+    let not_regular = || Error::corrupt(path, "not a regular file");
     match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => Ok(true),
-        Ok(_) => Err(Error::corrupt(path, "not a regular file")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Error::io(path, e)),
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(not_regular()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
     }
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_regular());
+    }
+    Ok(Some((f, meta.len())))
 }
 
 /// Open a regular file of the store, checking its size.
 fn open_file(path: &Path, expected_len: u64) -> Result<(File, u64)> {
-    if !check_regular(path)? {
-        return Err(Error::corrupt(path, "file listed in the manifest is missing"));
-    }
-    let f = File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::corrupt(path, "file listed in the manifest is missing"),
-        _ => Error::io(path, e),
-    })?;
-    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::corrupt(path, "not a regular file"));
-    }
-    let len = meta.len();
+    let (f, len) = open_regular(path)?.ok_or_else(|| Error::corrupt(path, "file listed in the manifest is missing"))?;
     if len != expected_len {
         return Err(Error::corrupt(path, format!("file is {len} bytes, manifest says {expected_len} (truncated or extended)")));
     }
@@ -144,22 +146,11 @@ impl Location for LocalFolder {
     fn read_small(&self, name: &str, max_bytes: u64) -> Result<Option<Vec<u8>>> {
         use std::io::Read;
         let p = self.path.join(name);
-        if !check_regular(&p)? {
-            return Ok(None);
+        let Some((f, len)) = open_regular(&p)? else { return Ok(None) };
+        if len > max_bytes {
+            return Err(Error::corrupt(&p, format!("file is {len} bytes, more than the {max_bytes} allowed")));
         }
-        let f = match File::open(&p) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io(&p, e)),
-        };
-        let meta = f.metadata().map_err(|e| Error::io(&p, e))?;
-        if !meta.is_file() {
-            return Err(Error::corrupt(&p, "not a regular file"));
-        }
-        if meta.len() > max_bytes {
-            return Err(Error::corrupt(&p, format!("file is {} bytes, more than the {max_bytes} allowed", meta.len())));
-        }
-        let mut out = Vec::with_capacity(meta.len() as usize);
+        let mut out = Vec::with_capacity(len as usize);
         f.take(max_bytes + 1).read_to_end(&mut out).map_err(|e| Error::io(&p, e))?;
         if out.len() as u64 > max_bytes {
             return Err(Error::corrupt(&p, format!("file grew past the {max_bytes} bytes allowed")));
@@ -291,12 +282,14 @@ pub(crate) fn source_hash_hex(src: &dyn ByteSource) -> Result<String> {
     }
     let mut h = twox_hash::XxHash3_64::with_seed(0);
     let mut at = 0u64;
-    let mut buf = Vec::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     while at < src.len() {
         let n = (src.len() - at).min(1 << 20) as usize;
-        buf.clear();
-        buf.extend_from_slice(&src.read_vec(at, n)?);
+        src.read_at(at, &mut buf.spare_capacity_mut()[..n])?;
+        // SAFETY: `read_at` succeeded, so the first `n` bytes were written (capacity >= n).
+        unsafe { buf.set_len(n) };
         h.write(&buf);
+        buf.clear();
         at += n as u64;
     }
     Ok(format!("{:016x}", h.finish()))

@@ -169,7 +169,7 @@ impl DenseStore {
 
     /// What the records mean (from the manifest; `tensor` for version-1 stores).
     pub fn logical(&self) -> Logical {
-        self.core.logical
+        self.core.manifest.logical
     }
 
     /// The format version the store was written with.
@@ -235,7 +235,7 @@ impl DenseView {
 
     /// What the records mean (`tensor`, or `utf8` / `binary` byte strings).
     pub fn logical(&self) -> Logical {
-        self.core.logical
+        self.core.manifest.logical
     }
 
     /// The store this view reads.

@@ -36,7 +36,6 @@ pub struct RaggedWriter {
     core: WriterCore,
     dtype: DType,
     ndim: usize,
-    allow_empty: bool,
 }
 
 impl RaggedWriter {
@@ -48,16 +47,15 @@ impl RaggedWriter {
         if ndim > MAX_NDIM {
             return Err(Error::invalid("ndim", format!("{ndim} exceeds the maximum of {MAX_NDIM}")));
         }
-        let allow_empty = options.allow_empty;
         let core = WriterCore::create(path.as_ref(), Kind::Ragged, dtype, None, Some(ndim), options)?;
-        Ok(RaggedWriter { core, dtype, ndim, allow_empty })
+        Ok(RaggedWriter { core, dtype, ndim })
     }
 
     /// Append a packed batch; returns once it is written. The whole batch is validated first
     /// (a rejected batch writes nothing).
     pub fn append(&mut self, batch: &RaggedInput<'_>) -> Result<()> {
         self.core.check_usable()?;
-        let valid = batch.validate_with(self.dtype, self.ndim, self.allow_empty)?;
+        let valid = batch.validate_with(self.dtype, self.ndim, self.allows_empty())?;
         let (cu, shapes) = (&valid.cu_seqlens[..], &valid.shapes[..]);
         let esize = self.dtype.size();
         // Every record is at most 2 GiB (a store limit, beyond the packed-batch rules).
@@ -83,7 +81,7 @@ impl RaggedWriter {
 
     /// Whether empty records are accepted ([`WriterOptions::allow_empty`]).
     pub fn allows_empty(&self) -> bool {
-        self.allow_empty
+        self.core.options().allow_empty
     }
 
     /// True before the first record.
@@ -165,7 +163,7 @@ impl RaggedStore {
 
     /// What the records mean (from the manifest; `tensor` for version-1 stores).
     pub fn logical(&self) -> Logical {
-        self.core.logical
+        self.core.manifest.logical
     }
 
     /// The format version the store was written with.
@@ -231,7 +229,7 @@ impl RaggedView {
 
     /// What the records mean (`tensor`, or `utf8` / `binary` byte strings).
     pub fn logical(&self) -> Logical {
-        self.core.logical
+        self.core.manifest.logical
     }
 
     /// The store this view reads.

@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::store::bytes::{source_hash_hex, ByteSource, Location};
 use crate::store::codec::{Codec, DecodeContext, Decoder};
-use crate::store::format::{self, IndexEntry, Kind, Logical, Manifest, ENTRY_BYTES, HEADER_BYTES};
+use crate::store::format::{self, IndexEntry, Kind, Manifest, ENTRY_BYTES, HEADER_BYTES};
 use crate::store::writer::file_hash_hex;
 
 /// Largest manifest accepted (a manifest lists at most 258 files: a few KiB).
@@ -99,6 +99,8 @@ impl VerifiedSet {
 pub(crate) struct StoreFile {
     src: Box<dyn ByteSource>,
     mapped: Option<(std::ptr::NonNull<u8>, usize)>,
+    /// The source's size (read once: the hot path bounds-checks against it).
+    len: u64,
 }
 
 // SAFETY: the cached pointer is to immutable bytes owned by `src` (which is Send + Sync);
@@ -110,7 +112,8 @@ unsafe impl Sync for StoreFile {}
 impl StoreFile {
     fn new(src: Box<dyn ByteSource>) -> StoreFile {
         let mapped = src.as_slice().map(|s| (std::ptr::NonNull::from(s).cast::<u8>(), s.len()));
-        StoreFile { src, mapped }
+        let len = src.len();
+        StoreFile { src, mapped, len }
     }
 
     /// The mapped bytes, if the source is mapped.
@@ -132,7 +135,7 @@ impl StoreFile {
     }
 
     pub(crate) fn len(&self) -> u64 {
-        self.src.len()
+        self.len
     }
 
     pub(crate) fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
@@ -148,7 +151,6 @@ pub(crate) struct StoreCore {
     pub(crate) kind: Kind,
     pub(crate) dtype: DType,
     pub(crate) codec: Codec,
-    pub(crate) logical: Logical,
     pub(crate) item_shape: Vec<usize>,
     pub(crate) ndim: usize,
     pub(crate) len: u64,
@@ -324,7 +326,6 @@ impl StoreCore {
             records_read: std::sync::atomic::AtomicU64::new(0),
             path,
             kind: manifest.kind,
-            logical: manifest.logical,
             dtype: d.dtype,
             codec: d.codec,
             item_shape: d.item_shape,
@@ -375,22 +376,13 @@ impl StoreCore {
         Ok(n)
     }
 
-    /// The stored bytes of record `id` from a mapped shard, bounds-checked and (if `verify`)
-    /// checksum-checked; `None` when the shard is not mapped.
+    /// Check record `id`'s stored bytes against its index checksum.
     #[inline]
-    fn stored_slice(&self, id: u64, e: &IndexEntry, shape: Option<&[u64]>, verify: bool) -> Result<Option<&[u8]>> {
-        let shard = self.shard(id, e)?;
-        let Some(bytes) = shard.as_slice() else { return Ok(None) };
-        let start = e.offset as usize;
-        let end = start.checked_add(e.stored_len as usize);
-        let src = match end {
-            Some(end) if start >= HEADER_BYTES && end <= bytes.len() => &bytes[start..end],
-            _ => return Err(self.out_of_shard(id, e, shard)),
-        };
-        if verify && XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), src) != e.checksum {
-            return Err(Error::corrupt(shard.path(), format!("checksum mismatch for record {id} (data or index damaged)")));
+    fn check_record(&self, id: u64, shape: Option<&[u64]>, stored: &[u8], e: &IndexEntry, file: &Path) -> Result<()> {
+        if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), stored) != e.checksum {
+            return Err(Error::corrupt(file, format!("checksum mismatch for record {id} (data or index damaged)")));
         }
-        Ok(Some(src))
+        Ok(())
     }
 
     fn shard(&self, id: u64, e: &IndexEntry) -> Result<&StoreFile> {
@@ -404,10 +396,6 @@ impl StoreCore {
             self.index.path(),
             format!("record {id} points at bytes {}+{} beyond {} ({} bytes)", e.offset, e.stored_len, shard.path().display(), shard.len()),
         )
-    }
-
-    pub(crate) fn shard_path(&self, e: &IndexEntry) -> &Path {
-        self.shards.get(e.shard as usize).map(|s| s.path()).unwrap_or(&self.path)
     }
 
     /// Hint the CPU to start loading record `id` (mapped shards only): the first line of each
@@ -466,41 +454,50 @@ impl StoreCore {
             Check::FirstRead => !self.verified.contains(id),
             Check::Always => true,
         };
-        if self.codec == Codec::Raw && verify {
-            // Copy first, then hash the copy while it is hot in L1/L2: one trip to memory
-            // instead of two.
-            match self.stored_slice(id, &e, shape, false)? {
-                Some(src) => ctx.decode_into(src, out, self.shard_path(&e))?,
-                None => self.read_unmapped_raw(id, &e, out)?,
-            }
-            // SAFETY: the copy succeeded, so all of `out` was just written.
-            let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
-            if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), written) != e.checksum {
-                return Err(Error::corrupt(self.shard_path(&e), format!("checksum mismatch for record {id} (data or index damaged)")));
-            }
-            self.verified.insert(id);
-            return Ok(());
+        let shard = self.shard(id, &e)?;
+        let (start, len) = (e.offset as usize, e.stored_len as usize);
+        if start < HEADER_BYTES || start.checked_add(len).is_none_or(|end| end as u64 > shard.len()) {
+            return Err(self.out_of_shard(id, &e, shard));
         }
-        match self.stored_slice(id, &e, shape, verify)? {
-            Some(src) => ctx.decode_into(src, out, self.shard_path(&e))?,
-            None if self.codec == Codec::Raw => self.read_unmapped_raw(id, &e, out)?,
-            None => {
-                // Unmapped, compressed: read the stored bytes into the context's scratch buffer.
-                let shard = self.shard(id, &e)?;
-                if (e.offset as usize) < HEADER_BYTES {
-                    return Err(self.out_of_shard(id, &e, shard));
+        match shard.as_slice() {
+            Some(bytes) => {
+                let src = &bytes[start..start + len];
+                if self.codec == Codec::Raw && verify {
+                    // Copy first, then hash the copy while it is hot in L1/L2: one trip to
+                    // memory instead of two.
+                    ctx.decode_into(src, out, shard.path())?;
+                    // SAFETY: `decode_into` succeeded, so all of `out` was just written.
+                    let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
+                    self.check_record(id, shape, written, &e, shard.path())?;
+                } else {
+                    if verify {
+                        self.check_record(id, shape, src, &e, shard.path())?;
+                    }
+                    ctx.decode_into(src, out, shard.path())?;
                 }
+            }
+            None if self.codec == Codec::Raw => {
+                // Unmapped raw record: read straight into its output slot.
+                if len != out.len() {
+                    return Err(Error::corrupt(shard.path(), format!("raw record {id} is {len} bytes, expected {}", out.len())));
+                }
+                shard.read_at(e.offset, out)?;
+                if verify {
+                    // SAFETY: `read_at` succeeded, so all of `out` was just written.
+                    let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
+                    self.check_record(id, shape, written, &e, shard.path())?;
+                }
+            }
+            None => {
+                // Unmapped, compressed: the stored bytes go through the context's scratch buffer.
                 let mut scratch = std::mem::take(&mut ctx.scratch);
                 scratch.clear();
-                scratch.reserve(e.stored_len as usize);
-                let r = shard
-                    .read_at(e.offset, &mut scratch.spare_capacity_mut()[..e.stored_len as usize])
-                    .map_err(|_| self.out_of_shard(id, &e, shard));
-                let r = r.and_then(|()| {
-                    // SAFETY: `read_at` succeeded: `stored_len` bytes were written.
-                    unsafe { scratch.set_len(e.stored_len as usize) };
-                    if verify && XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), &scratch) != e.checksum {
-                        return Err(Error::corrupt(shard.path(), format!("checksum mismatch for record {id} (data or index damaged)")));
+                scratch.reserve(len);
+                let r = shard.read_at(e.offset, &mut scratch.spare_capacity_mut()[..len]).and_then(|()| {
+                    // SAFETY: `read_at` succeeded: `len` bytes were written.
+                    unsafe { scratch.set_len(len) };
+                    if verify {
+                        self.check_record(id, shape, &scratch, &e, shard.path())?;
                     }
                     ctx.decode_into(&scratch, out, shard.path())
                 });
@@ -512,18 +509,6 @@ impl StoreCore {
             self.verified.insert(id);
         }
         Ok(())
-    }
-
-    /// A raw record from an unmapped shard: read straight into its output slot.
-    fn read_unmapped_raw(&self, id: u64, e: &IndexEntry, out: &mut [MaybeUninit<u8>]) -> Result<()> {
-        let shard = self.shard(id, e)?;
-        if e.stored_len as usize != out.len() {
-            return Err(Error::corrupt(shard.path(), format!("raw record {id} is {} bytes, expected {}", e.stored_len, out.len())));
-        }
-        if (e.offset as usize) < HEADER_BYTES {
-            return Err(self.out_of_shard(id, e, shard));
-        }
-        shard.read_at(e.offset, out).map_err(|_| self.out_of_shard(id, e, shard))
     }
 
     /// The store folder.

@@ -219,12 +219,16 @@ pub struct SourceView {
     source: Arc<dyn RecordSource>,
     allocator: Allocator,
     options: ReadOptions,
+    /// The source's dtype and layout, read once: every batch is checked against them.
+    dtype: DType,
+    layout: Layout,
 }
 
 impl SourceView {
     /// `source` reading into `allocator` with default options.
     pub fn new(source: Arc<dyn RecordSource>, allocator: &Allocator) -> SourceView {
-        SourceView { source, allocator: allocator.clone(), options: ReadOptions::default() }
+        let (dtype, layout) = (source.dtype(), source.layout());
+        SourceView { source, allocator: allocator.clone(), options: ReadOptions::default(), dtype, layout }
     }
 
     /// The same view with `options`.
@@ -272,19 +276,19 @@ impl SourceView {
     /// contract (batch kind, length, dtype), so a faulty source is an error, not a wrong column.
     pub fn gather_ids(&self, ids: Ids<'_>) -> Result<Batch> {
         let b = self.source.gather(ids, &self.allocator, &self.options)?;
-        let layout_ok = match (&b, self.source.layout()) {
+        let layout_ok = match (&b, &self.layout) {
             (Batch::Dense(t), Layout::Dense { item_shape }) => t.shape().get(1..) == Some(&item_shape[..]),
-            (Batch::Ragged(r), Layout::Ragged { ndim }) => r.ndim() == ndim,
+            (Batch::Ragged(r), Layout::Ragged { ndim }) => r.ndim() == *ndim,
             _ => false,
         };
-        if !layout_ok || b.len() != ids.len() || b.dtype() != self.source.dtype() {
+        if !layout_ok || b.len() != ids.len() || b.dtype() != self.dtype {
             return Err(Error::invalid(
                 "record source",
                 format!(
                     "source '{}' ({} {}) returned a batch of {} {} records for {} ids",
                     self.source.name(),
-                    self.source.dtype(),
-                    self.source.layout(),
+                    self.dtype,
+                    self.layout,
                     b.len(),
                     b.dtype(),
                     ids.len()

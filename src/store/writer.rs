@@ -161,10 +161,8 @@ pub(crate) type RecordRef<'a> = (&'a [u8], Option<&'a [u64]>);
 
 /// The kind-independent writer.
 pub(crate) struct WriterCore {
-    final_path: PathBuf,
-    tmp_path: PathBuf,
-    /// The staging folder (`None` once published).
-    staging: Option<Staging>,
+    /// The hidden folder being written; publishing renames it to the destination.
+    staging: Staging,
     kind: Kind,
     dtype: DType,
     item_shape: Option<Vec<usize>>,
@@ -184,7 +182,6 @@ pub(crate) struct WriterCore {
     pending: Vec<IndexEntry>,
     /// Set when an append failed half-way; the writer then refuses to publish.
     failed: Option<String>,
-    done: bool,
 }
 
 impl WriterCore {
@@ -203,9 +200,8 @@ impl WriterCore {
         if options.logical.is_bytes() && (kind != Kind::Ragged || dtype != DType::UInt8 || ndim != Some(1)) {
             return Err(Error::invalid("logical", format!("{} records need a uint8 ndim-1 ragged store", options.logical)));
         }
-        let final_path = path.to_path_buf();
         // From here on, dropping `staging` removes the temp folder.
-        let staging = Staging::create(&final_path)?;
+        let staging = Staging::create(path)?;
         let tmp_path = staging.path().to_path_buf();
 
         // Validates level and dictionary up front: a bad one fails `create`, not an append.
@@ -238,9 +234,7 @@ impl WriterCore {
             .build()
             .map_err(|e| Error::invalid("data_shards", format!("cannot start writer threads: {e}")))?;
         Ok(WriterCore {
-            final_path,
-            tmp_path,
-            staging: Some(staging),
+            staging,
             kind,
             dtype,
             item_shape,
@@ -257,7 +251,6 @@ impl WriterCore {
             stored_bytes: 0,
             pending: Vec::new(),
             failed: None,
-            done: false,
         })
     }
 
@@ -266,13 +259,14 @@ impl WriterCore {
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.final_path
+        self.staging.dest()
+    }
+
+    pub(crate) fn options(&self) -> &WriterOptions {
+        &self.options
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {
-        if self.done {
-            return Err(Error::Closed { what: "writer" });
-        }
         if let Some(reason) = &self.failed {
             return Err(Error::invalid("writer", format!("an earlier append failed ({reason}); this writer cannot publish")));
         }
@@ -409,7 +403,7 @@ impl WriterCore {
         let base_id = self.count;
         let (codec, level, dictionary) = (self.options.codec, self.options.level, self.options.dictionary.as_deref());
         let encoders = &self.encoders;
-        let path = self.tmp_path.clone();
+        let path = self.staging.path().to_path_buf();
         let encoded: Result<Vec<EncodedChunk>> = self.pool.install(|| {
             chunks
                 .par_iter()
@@ -464,7 +458,6 @@ impl WriterCore {
     /// Flush, fsync, write the manifest last, and rename into place.
     pub(crate) fn finish(mut self) -> Result<PathBuf> {
         self.check_usable()?;
-        self.done = true;
         let mut files = Vec::new();
         if let Some(d) = self.dictionary_entry.take() {
             files.push(d);
@@ -496,8 +489,7 @@ impl WriterCore {
             files,
             created_by: concat!("zrecord ", env!("CARGO_PKG_VERSION")).into(),
         };
-        let staging = self.staging.take().ok_or(Error::Closed { what: "writer" })?;
-        staging.publish(format::MANIFEST, &manifest.to_bytes()?)
+        self.staging.publish(format::MANIFEST, &manifest.to_bytes()?)
     }
 }
 
