@@ -378,9 +378,9 @@ impl StoreCore {
 
     /// Check record `id`'s stored bytes against its index checksum.
     #[inline]
-    fn check_record(&self, id: u64, shape: Option<&[u64]>, stored: &[u8], e: &IndexEntry, file: &Path) -> Result<()> {
+    fn check_record(&self, id: u64, shape: Option<&[u64]>, stored: &[u8], e: &IndexEntry, file: &StoreFile) -> Result<()> {
         if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), stored) != e.checksum {
-            return Err(Error::corrupt(file, format!("checksum mismatch for record {id} (data or index damaged)")));
+            return Err(Error::corrupt(file.path(), format!("checksum mismatch for record {id} (data or index damaged)")));
         }
         Ok(())
     }
@@ -391,6 +391,7 @@ impl StoreCore {
         })
     }
 
+    #[cold]
     fn out_of_shard(&self, id: u64, e: &IndexEntry, shard: &StoreFile) -> Error {
         Error::corrupt(
             self.index.path(),
@@ -455,60 +456,83 @@ impl StoreCore {
             Check::Always => true,
         };
         let shard = self.shard(id, &e)?;
-        let (start, len) = (e.offset as usize, e.stored_len as usize);
-        if start < HEADER_BYTES || start.checked_add(len).is_none_or(|end| end as u64 > shard.len()) {
-            return Err(self.out_of_shard(id, &e, shard));
-        }
-        match shard.as_slice() {
-            Some(bytes) => {
-                let src = &bytes[start..start + len];
-                if self.codec == Codec::Raw && verify {
-                    // Copy first, then hash the copy while it is hot in L1/L2: one trip to
-                    // memory instead of two.
-                    ctx.decode_into(src, out, shard.path())?;
-                    // SAFETY: `decode_into` succeeded, so all of `out` was just written.
-                    let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
-                    self.check_record(id, shape, written, &e, shard.path())?;
-                } else {
-                    if verify {
-                        self.check_record(id, shape, src, &e, shard.path())?;
-                    }
-                    ctx.decode_into(src, out, shard.path())?;
-                }
+        let Some(bytes) = shard.as_slice() else {
+            self.read_unmapped(ctx, id, shape, out, &e, shard, verify)?;
+            if verify {
+                self.verified.insert(id);
             }
-            None if self.codec == Codec::Raw => {
-                // Unmapped raw record: read straight into its output slot.
-                if len != out.len() {
-                    return Err(Error::corrupt(shard.path(), format!("raw record {id} is {len} bytes, expected {}", out.len())));
-                }
-                shard.read_at(e.offset, out)?;
-                if verify {
-                    // SAFETY: `read_at` succeeded, so all of `out` was just written.
-                    let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
-                    self.check_record(id, shape, written, &e, shard.path())?;
-                }
+            return Ok(());
+        };
+        // Mapped fast path: one bounds check, then copy/decode straight from the mapping.
+        let start = e.offset as usize;
+        let src = match start.checked_add(e.stored_len as usize) {
+            Some(end) if start >= HEADER_BYTES => bytes.get(start..end),
+            _ => None,
+        };
+        let Some(src) = src else { return Err(self.out_of_shard(id, &e, shard)) };
+        if self.codec == Codec::Raw && verify {
+            // Copy first, then hash the copy while it is hot in L1/L2: one trip to memory
+            // instead of two.
+            ctx.decode_into(src, out, shard.path())?;
+            // SAFETY: `decode_into` succeeded, so all of `out` was just written.
+            let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
+            self.check_record(id, shape, written, &e, shard)?;
+        } else {
+            if verify {
+                self.check_record(id, shape, src, &e, shard)?;
             }
-            None => {
-                // Unmapped, compressed: the stored bytes go through the context's scratch buffer.
-                let mut scratch = std::mem::take(&mut ctx.scratch);
-                scratch.clear();
-                scratch.reserve(len);
-                let r = shard.read_at(e.offset, &mut scratch.spare_capacity_mut()[..len]).and_then(|()| {
-                    // SAFETY: `read_at` succeeded: `len` bytes were written.
-                    unsafe { scratch.set_len(len) };
-                    if verify {
-                        self.check_record(id, shape, &scratch, &e, shard.path())?;
-                    }
-                    ctx.decode_into(&scratch, out, shard.path())
-                });
-                ctx.scratch = scratch;
-                r?;
-            }
+            ctx.decode_into(src, out, shard.path())?;
         }
         if verify {
             self.verified.insert(id);
         }
         Ok(())
+    }
+
+    /// `read_into` for a source that is not mapped: positional reads (raw records straight into
+    /// their output slot, compressed ones through the context's scratch buffer). Out of line so
+    /// the mapped fast path stays small enough to inline into the gather loops.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn read_unmapped(
+        &self,
+        ctx: &mut DecodeContext<'_>,
+        id: u64,
+        shape: Option<&[u64]>,
+        out: &mut [MaybeUninit<u8>],
+        e: &IndexEntry,
+        shard: &StoreFile,
+        verify: bool,
+    ) -> Result<()> {
+        let (start, len) = (e.offset as usize, e.stored_len as usize);
+        if start < HEADER_BYTES || start.checked_add(len).is_none_or(|end| end as u64 > shard.len()) {
+            return Err(self.out_of_shard(id, e, shard));
+        }
+        if self.codec == Codec::Raw {
+            if len != out.len() {
+                return Err(Error::corrupt(shard.path(), format!("raw record {id} is {len} bytes, expected {}", out.len())));
+            }
+            shard.read_at(e.offset, out)?;
+            if verify {
+                // SAFETY: `read_at` succeeded, so all of `out` was just written.
+                let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
+                self.check_record(id, shape, written, e, shard)?;
+            }
+            return Ok(());
+        }
+        let mut scratch = std::mem::take(&mut ctx.scratch);
+        scratch.clear();
+        scratch.reserve(len);
+        let r = shard.read_at(e.offset, &mut scratch.spare_capacity_mut()[..len]).and_then(|()| {
+            // SAFETY: `read_at` succeeded: `len` bytes were written.
+            unsafe { scratch.set_len(len) };
+            if verify {
+                self.check_record(id, shape, &scratch, e, shard)?;
+            }
+            ctx.decode_into(&scratch, out, shard.path())
+        });
+        ctx.scratch = scratch;
+        r
     }
 
     /// The store folder.
