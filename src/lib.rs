@@ -13,6 +13,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod arrow;
+pub mod convert;
 pub mod dtype;
 pub mod loader;
 pub mod error;

@@ -1,6 +1,7 @@
 //! Python bindings (feature `python`): thin wrappers over the Rust API, no logic of their own
 //! beyond argument conversion. The GIL is released during append, gather and verify.
 
+mod convert;
 mod errors;
 mod input;
 mod loader;
@@ -29,6 +30,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyRecordIter>()?;
     m.add_class::<source::PySourceView>()?;
     m.add_class::<source::PyDatasetWriter>()?;
+    m.add_class::<convert::PyConverter>()?;
+    m.add_function(wrap_pyfunction!(convert::open_files, m)?)?;
     m.add_class::<loader::PySampler>()?;
     m.add_class::<loader::PyMode>()?;
     m.add_class::<loader::PyLoader>()?;

@@ -17,6 +17,7 @@ from ._zrecord import (
     Allocator,
     ArrowBatch,
     ArrowLoader,
+    Converter,
     CorruptStoreError,
     DatasetWriter,
     DenseStore,
@@ -37,11 +38,14 @@ from ._zrecord import (
     train_dict,
 )
 from ._zrecord import open as _open
+from ._zrecord import open_files
+from .convert import convert
 
 __all__ = [
     "Allocator",
     "ArrowBatch",
     "ArrowLoader",
+    "Converter",
     "CorruptStoreError",
     "DLTensor",
     "DatasetWriter",
@@ -58,8 +62,10 @@ __all__ = [
     "SessionContext",
     "SourceView",
     "Table",
+    "convert",
     "dtypes",
     "open",
+    "open_files",
     "to_arrow",
     "train_dict",
     "write_dataset",

@@ -164,7 +164,21 @@ impl ColumnLayout {
                 Ok(ColumnLayout::Dense { dtype: element_dtype(name, cur)?, item_shape: shape })
             }
             DataType::List(child) | DataType::LargeList(child) => {
+                if matches!(child.data_type(), DataType::List(_) | DataType::LargeList(_)) {
+                    return Err(unsupported(
+                        name,
+                        dt,
+                        "nested variable-length lists: pad the inner lists to one length (FixedSizeList, HF List(..., length=n) or \
+                         ArrayND) or flatten each row to {values: List, shape: FixedSizeList<uint64, ndim>}",
+                    ));
+                }
                 Ok(ColumnLayout::Ragged { dtype: element_dtype(name, child)?, ndim: 1, logical: Logical::Tensor })
+            }
+            // The plain struct `{values: List<T>, shape: FixedSizeList<uint64, ndim>}` (no
+            // extension metadata needed): an N-D ragged tensor per row.
+            DataType::Struct(fields) if fields.len() == 2 => {
+                let (dtype, ndim) = variable_shape_storage(name, dt)?;
+                Ok(ColumnLayout::Ragged { dtype, ndim, logical: Logical::Tensor })
             }
             _ => match element_dtype(name, field) {
                 Ok(dtype) => Ok(ColumnLayout::Dense { dtype, item_shape: vec![] }),

@@ -18,6 +18,7 @@ pub struct DatasetWriter {
     // Dropped first: unfinished stream writers clean up before the staging folder goes.
     columns: Vec<Column>,
     staging: Staging,
+    metadata: Option<serde_json::Value>,
 }
 
 struct Column {
@@ -35,12 +36,19 @@ fn folder_name(i: usize, name: &str) -> String {
 impl DatasetWriter {
     /// Start writing `columns` (name and layout) to `dest`, which must not exist.
     pub fn create(dest: impl AsRef<Path>, columns: &[(String, ColumnLayout)], options: WriterOptions) -> Result<DatasetWriter> {
+        let each: Vec<_> = columns.iter().map(|(n, l)| (n.clone(), l.clone(), options.clone())).collect();
+        DatasetWriter::create_each(dest, &each)
+    }
+
+    /// Start writing `columns` (name, layout and that stream's writer options: codec,
+    /// dictionary, ...) to `dest`, which must not exist.
+    pub fn create_each(dest: impl AsRef<Path>, columns: &[(String, ColumnLayout, WriterOptions)]) -> Result<DatasetWriter> {
         if columns.is_empty() {
             return Err(Error::invalid("columns", "a dataset needs at least one column"));
         }
         let staging = Staging::create(dest)?;
-        let mut w = DatasetWriter { staging, columns: Vec::with_capacity(columns.len()) };
-        for (i, (name, layout)) in columns.iter().enumerate() {
+        let mut w = DatasetWriter { staging, columns: Vec::with_capacity(columns.len()), metadata: None };
+        for (i, (name, layout, options)) in columns.iter().enumerate() {
             if w.columns.iter().any(|c| &c.name == name) {
                 return Err(Error::invalid("columns", format!("column name '{name}' appears twice")));
             }
@@ -83,6 +91,11 @@ impl DatasetWriter {
         Ok(rows)
     }
 
+    /// Set `dataset.json`'s free-form `metadata` (written at [`DatasetWriter::finish`]).
+    pub fn set_metadata(&mut self, metadata: serde_json::Value) {
+        self.metadata = Some(metadata);
+    }
+
     /// Records written per stream.
     pub fn len(&self) -> u64 {
         self.columns.first().and_then(|c| c.writer.as_ref()).map(|w| w.len()).unwrap_or(0)
@@ -116,7 +129,8 @@ impl DatasetWriter {
             };
             entries.push(StreamEntry { name: c.name.clone(), path: c.folder.clone(), logical });
         }
-        let manifest = DatasetManifest::new(count.unwrap_or(0), entries);
+        let mut manifest = DatasetManifest::new(count.unwrap_or(0), entries);
+        manifest.metadata = self.metadata.take();
         // Every stream is published (and fsynced) inside the staging folder: publish the root.
         self.staging.publish(DATASET_FILE, &manifest.to_bytes()?)
     }

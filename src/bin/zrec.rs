@@ -52,6 +52,46 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         max_rows: usize,
     },
+    /// Convert Parquet / Arrow IPC / CSV / JSON files (a file, a folder, a glob, or a Hugging
+    /// Face `save_to_disk` folder) into a new dataset root, published atomically (Ctrl-C or an
+    /// error publishes nothing).
+    Convert {
+        /// The source: a file, a folder of files of one kind, a glob ("data/*.parquet"), or a
+        /// Hugging Face `Dataset.save_to_disk` folder.
+        source: String,
+        /// The dataset root to create (must not exist).
+        root: PathBuf,
+        /// raw, zstd or zstd_dict (zstd_dict trains a dictionary per column).
+        #[arg(long, default_value = "zstd")]
+        codec: String,
+        /// zstd level.
+        #[arg(long, default_value_t = 3)]
+        level: i32,
+        /// Data files (parallel writers) per stream.
+        #[arg(long, default_value_t = 4)]
+        data_shards: usize,
+        /// Only these columns, in this order (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        columns: Option<Vec<String>>,
+        /// Train a zstd dictionary of N bytes per column on the first input (implies zstd_dict).
+        #[arg(long, value_name = "N")]
+        train_dict_size: Option<usize>,
+        /// Decode Hugging Face Image columns into uint8 pixels: HWC or CHW.
+        #[arg(long, value_name = "HWC|CHW")]
+        decode_images: Option<String>,
+        /// Convert decoded images to L, LA, RGB or RGBA.
+        #[arg(long)]
+        image_mode: Option<String>,
+        /// Resize decoded images to H,W (the column becomes dense).
+        #[arg(long, value_name = "H,W", value_delimiter = ',', num_args = 2)]
+        resize: Option<Vec<u32>>,
+        /// Accept empty ragged records.
+        #[arg(long)]
+        allow_empty: bool,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// Run the built-in sample: write each kind in each codec, gather random batches, report
     /// sizes and throughput against the memcpy limit.
     Demo {
@@ -111,6 +151,102 @@ fn info(path: PathBuf) -> Result<()> {
     println!("stored bytes  {} ({})", st.stored_bytes, human(st.stored_bytes));
     println!("on disk       {} ({})", st.file_bytes, human(st.file_bytes));
     println!("ratio         {:.3}x", st.compression_ratio());
+    Ok(())
+}
+
+struct ConvertArgs {
+    source: String,
+    root: PathBuf,
+    codec: String,
+    level: i32,
+    data_shards: usize,
+    columns: Option<Vec<String>>,
+    train_dict_size: Option<usize>,
+    decode_images: Option<String>,
+    image_mode: Option<String>,
+    resize: Option<Vec<u32>>,
+    allow_empty: bool,
+    quiet: bool,
+}
+
+fn convert(a: ConvertArgs) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use zrecord::convert::{convert_batches, open_files, ConvertOptions, ImageOptions, DEFAULT_DICT_SIZE};
+    let codec: Codec = a.codec.parse()?;
+    let mut options = ConvertOptions::default();
+    options.writer = WriterOptions { codec, level: a.level, data_shards: a.data_shards, allow_empty: a.allow_empty, ..Default::default() };
+    options.columns = a.columns;
+    options.train_dict = a.train_dict_size.or((codec == Codec::ZstdDict).then_some(DEFAULT_DICT_SIZE));
+    if let Some(layout) = a.decode_images {
+        let mut im = ImageOptions::new(layout.parse()?);
+        im.mode = a.image_mode.map(|m| m.parse()).transpose()?;
+        im.resize = a.resize.map(|r| (r[0], r[1]));
+        options.images = Some(im);
+    } else if a.image_mode.is_some() || a.resize.is_some() {
+        return Err(Error::invalid("decode_images", "--image-mode and --resize need --decode-images HWC|CHW"));
+    }
+    let input = open_files(&a.source)?;
+    options.features = input.features.clone();
+    let mut meta = serde_json::Map::new();
+    meta.insert("source".into(), serde_json::json!({
+        "kind": format!("{:?}", input.format).to_lowercase(),
+        "files": input.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+    }));
+    if let Some(info) = &input.info {
+        let mut hf = serde_json::Map::new();
+        for k in ["description", "citation", "homepage", "license", "dataset_name", "config_name", "version", "builder_name"] {
+            if let Some(v) = info.get(k).filter(|v| !v.is_null() && v.as_str() != Some("")) {
+                hf.insert(k.into(), v.clone());
+            }
+        }
+        meta.insert("huggingface".into(), serde_json::Value::Object(hf));
+    }
+    options.metadata = meta;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // A second Ctrl-C while cleaning up still ends the process at once.
+        let _ = ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new(input.total_rows.unwrap_or(0)) };
+    let style = match input.total_rows {
+        Some(_) => "{elapsed_precise} [{bar:30}] {pos}/{len} rows  {msg}  ETA {eta}",
+        None => "{elapsed_precise} {pos} rows  {msg}",
+    };
+    bar.set_style(ProgressStyle::with_template(style).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+    let t0 = Instant::now();
+    let mut progress = |rows: u64, bytes: u64| {
+        bar.set_position(rows);
+        let secs = t0.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!("{} ({:.1} MiB/s)", human(bytes), bytes as f64 / secs / (1 << 20) as f64));
+    };
+    let r = convert_batches(&a.root, &input.schema, input.batches, options, &mut progress, &|| stop.load(Ordering::SeqCst));
+    bar.finish_and_clear();
+    let report = match r {
+        Ok(r) => r,
+        Err(e) if stop.load(Ordering::SeqCst) => {
+            eprintln!("interrupted: nothing was published at {}", a.root.display());
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "converted {} rows ({}) into {} in {:.2} s ({:.0} rows/s)",
+        report.rows,
+        human(report.bytes),
+        report.path.display(),
+        secs,
+        report.rows as f64 / secs.max(1e-9)
+    );
+    for (name, layout, codec) in &report.streams {
+        println!("  {name:<20} {layout:?}  {codec}");
+    }
     Ok(())
 }
 
@@ -356,6 +492,9 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Demo { dir, scale } => demo(dir, scale),
+        Command::Convert { source, root, codec, level, data_shards, columns, train_dict_size, decode_images, image_mode, resize, allow_empty, quiet } => {
+            convert(ConvertArgs { source, root, codec, level, data_shards, columns, train_dict_size, decode_images, image_mode, resize, allow_empty, quiet })
+        }
         Command::Sql { query, tables, output, max_rows } => {
             return match sql(&query, &tables, output, max_rows) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -109,7 +109,7 @@ impl LocalFolder {
 /// refused before opening: opening a FIFO for reading blocks until a writer appears, and a
 /// device (a symlink to `/dev/zero`) never ends. Checked again on the opened file, in case the
 /// path was swapped in between.
-fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
+pub(crate) fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
     let not_regular = || Error::corrupt(path, "not a regular file");
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {}

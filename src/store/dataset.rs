@@ -37,12 +37,16 @@ pub struct DatasetManifest {
     pub record_count: u64,
     /// The streams, in column order.
     pub streams: Vec<StreamEntry>,
+    /// Free-form description of where the data came from (conversion source, Hugging Face
+    /// features and class-label names, ...). Absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
 }
 
 impl DatasetManifest {
     /// A manifest of the current version.
     pub fn new(record_count: u64, streams: Vec<StreamEntry>) -> DatasetManifest {
-        DatasetManifest { format: DATASET_FORMAT.into(), version: DATASET_VERSION, record_count, streams }
+        DatasetManifest { format: DATASET_FORMAT.into(), version: DATASET_VERSION, record_count, streams, metadata: None }
     }
 
     /// The JSON bytes written to `dataset.json`.
@@ -105,6 +109,7 @@ pub struct Dataset {
     path: PathBuf,
     streams: Vec<Stream>,
     len: u64,
+    metadata: Option<serde_json::Value>,
 }
 
 /// The column name of a single store: its folder name without extension.
@@ -120,9 +125,10 @@ impl Dataset {
             let store = Store::open(path)?;
             let len = store.len();
             let stream = Stream::of_store(store_column_name(path), &store);
-            return Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len });
+            return Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None });
         }
         let meta = path.join(DATASET_FILE);
+        let mut metadata = None;
         let streams = if meta.exists() {
             // Bounded, regular files only (a FIFO named dataset.json must not hang open).
             let text = crate::store::bytes::LocalFolder::new(path, Default::default())
@@ -135,6 +141,7 @@ impl Dataset {
             if m.version != DATASET_VERSION {
                 return Err(Error::UnsupportedVersion { path: meta, found: m.version, supported: DATASET_VERSION });
             }
+            metadata = m.metadata;
             let mut streams = Vec::with_capacity(m.streams.len());
             for e in m.streams {
                 if e.path.contains("..") || e.path.starts_with('/') {
@@ -173,7 +180,9 @@ impl Dataset {
         if streams.is_empty() {
             return Err(Error::NotFound { path: path.to_path_buf(), reason: "neither a store nor a dataset root (no streams found)".into() });
         }
-        Dataset::from_streams(path.to_path_buf(), streams)
+        let mut d = Dataset::from_streams(path.to_path_buf(), streams)?;
+        d.metadata = metadata;
+        Ok(d)
     }
 
     /// Streams given directly (names must be unique; record counts must agree).
@@ -196,7 +205,7 @@ impl Dataset {
                 return Err(Error::invalid("stream", format!("stream '{}' is {} but its records are not uint8 ndim-1 ragged", s.name, s.logical())));
             }
         }
-        Ok(Dataset { path, streams, len })
+        Ok(Dataset { path, streams, len, metadata: None })
     }
 
     /// Where it was opened from.
@@ -212,6 +221,11 @@ impl Dataset {
     /// Records per stream.
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// `dataset.json`'s `metadata` (conversion source, Hugging Face features, class names).
+    pub fn metadata(&self) -> Option<&serde_json::Value> {
+        self.metadata.as_ref()
     }
 
     /// True when there are no records.
