@@ -42,10 +42,13 @@ fi
 # Test dependencies (CPU wheels only; torch from PyPI pulls CUDA and is left out, see README).
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
   "maturin>=1.5,<2" "numpy>=1.26" pytest pyarrow polars ml_dtypes
+# Dataset conversion tests: Hugging Face datasets, Pillow as the image reference, tqdm progress.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check datasets Pillow tqdm
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "jax[cpu]" 2>/dev/null \
   || echo "jax not installed: its DLPack test will be skipped"
 # The datafusion package of the crate's major version, for the datafusion-ffi table provider test.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "datafusion>=55,<56"
 VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" develop --quiet --features python 2>&1 | tail -3
-"$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider
+# The CLI conversion tests run the zrec binary `cargo test` built.
+ZREC_BIN="$CARGO_TARGET_DIR/debug/zrec" "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider
 echo "== all tests passed"

@@ -185,8 +185,9 @@ fn open_one(path: &Path, format: FileFormat) -> Result<(SchemaRef, Batches, Opti
             let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
                 .map_err(|e| Error::invalid("source", format!("{}: not a readable Parquet file: {e}", path.display())))?;
             let rows = b.metadata().file_metadata().num_rows().max(0) as u64;
+            // The builder's schema keeps the file's key-value metadata (e.g. `huggingface`).
+            let schema = b.schema().clone();
             let r = b.build().map_err(|e| Error::invalid("source", format!("{}: {e}", path.display())))?;
-            let schema = arrow_array::RecordBatchReader::schema(&r);
             (schema, Box::new(r.map(wrap)), Some(rows))
         }
         FileFormat::Arrow => {

@@ -13,3 +13,17 @@ def test_train_numpy_example_learns(tmp_path):
     losses, state = mod.train(str(tmp_path), steps=200)
     assert state == {"step": 100}
     assert np.mean(losses[-20:]) < 0.6 * np.mean(losses[:20])
+
+
+def test_convert_hf_example_converts_and_learns(tmp_path):
+    import pytest
+
+    pytest.importorskip("datasets")
+    pytest.importorskip("PIL")
+    spec = importlib.util.spec_from_file_location("convert_hf", ROOT / "examples" / "convert_hf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    losses, ds, report, pq_report, meta = mod.train(str(tmp_path), steps=150)
+    assert report["rows"] == pq_report["rows"] == len(ds)
+    assert meta["metadata"]["huggingface"]["class_labels"] == {"label": ["dark", "bright"]}
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
