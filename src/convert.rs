@@ -39,6 +39,11 @@ use crate::store::{Codec, Logical, WriterOptions};
 pub use files::{open_files, FileFormat, FileInput};
 pub use image::{ImageLayout, ImageMode, ImageOptions};
 
+/// Small input batches are gathered up to this many bytes before they are written, so each
+/// write gives the writer's parallel encoders enough work (Hugging Face caches hold batches of
+/// 1,000 rows; CSV and JSON readers yield 8,192).
+pub const COALESCE_BYTES: usize = 16 << 20;
+
 /// Default trained dictionary size (zstd's own default, 110 KiB).
 pub const DEFAULT_DICT_SIZE: usize = 112_640;
 /// Input held back per column to train a dictionary: this many times the dictionary size.
@@ -113,10 +118,43 @@ pub struct ConvertReport {
     pub streams: Vec<(String, ColumnLayout, Codec)>,
 }
 
+#[derive(Default)]
+struct Staged {
+    batches: Vec<Vec<(FieldRef, ArrayRef)>>,
+    bytes: usize,
+}
+
+impl Staged {
+    fn push(&mut self, cols: Vec<(FieldRef, ArrayRef)>, bytes: usize) {
+        self.batches.push(cols);
+        self.bytes += bytes;
+    }
+
+    /// Write what is staged as one batch per column (concatenated when there are several).
+    fn flush(&mut self, w: &mut DatasetWriter) -> Result<()> {
+        let batches = std::mem::take(&mut self.batches);
+        self.bytes = 0;
+        match batches.len() {
+            0 => Ok(()),
+            1 => append(w, &batches[0]),
+            _ => {
+                let ncols = batches[0].len();
+                let mut cols = Vec::with_capacity(ncols);
+                for k in 0..ncols {
+                    let parts: Vec<&dyn Array> = batches.iter().map(|b| b[k].1.as_ref()).collect();
+                    cols.push((batches[0][k].0.clone(), arrow_select::concat::concat(&parts)?));
+                }
+                append(w, &cols)
+            }
+        }
+    }
+}
+
 enum State {
     /// Holding batches back to train dictionaries (or no data yet).
     Pending(Vec<Vec<(FieldRef, ArrayRef)>>, usize),
-    Writing(DatasetWriter, Vec<Codec>),
+    /// Streams created; small batches staged until [`COALESCE_BYTES`].
+    Writing(DatasetWriter, Vec<Codec>, Staged),
     Done,
 }
 
@@ -579,7 +617,13 @@ impl Converter {
                 }
                 Ok(())
             }
-            State::Writing(w, _) => append(w, &cols),
+            State::Writing(w, _, staged) => {
+                staged.push(cols, bytes as usize);
+                if staged.bytes >= COALESCE_BYTES {
+                    staged.flush(w)?;
+                }
+                Ok(())
+            }
             State::Done => Err(Error::Closed { what: "converter" }),
         }
     }
@@ -621,10 +665,15 @@ impl Converter {
         }
         let mut w = DatasetWriter::create_each(&self.dest, &columns)?;
         w.set_metadata(self.metadata.clone());
-        for cols in &held {
-            append(&mut w, cols)?;
+        let mut staged = Staged::default();
+        for cols in held {
+            let bytes = cols.iter().map(|(_, a)| a.to_data().get_slice_memory_size().unwrap_or(0)).sum();
+            staged.push(cols, bytes);
+            if staged.bytes >= COALESCE_BYTES {
+                staged.flush(&mut w)?;
+            }
         }
-        self.state = State::Writing(w, codecs);
+        self.state = State::Writing(w, codecs, staged);
         Ok(())
     }
 
@@ -634,9 +683,10 @@ impl Converter {
         if matches!(self.state, State::Pending(..)) {
             self.start()?;
         }
-        let State::Writing(w, codecs) = std::mem::replace(&mut self.state, State::Done) else {
+        let State::Writing(mut w, codecs, mut staged) = std::mem::replace(&mut self.state, State::Done) else {
             return Err(Error::Closed { what: "converter (an earlier batch failed: nothing was published)" });
         };
+        staged.flush(&mut w)?;
         let path = w.finish()?;
         let streams = self
             .plans
@@ -649,7 +699,8 @@ impl Converter {
 }
 
 fn append(w: &mut DatasetWriter, cols: &[(FieldRef, ArrayRef)]) -> Result<()> {
-    let fields: Vec<FieldRef> = cols.iter().map(|(f, _)| f.clone()).collect();
+    // Nullable: nulls are refused by the stream writers with the column and row, not here.
+    let fields: Vec<FieldRef> = cols.iter().map(|(f, _)| Arc::new(f.as_ref().clone().with_nullable(true))).collect();
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new_with_options(
         schema,

@@ -5,7 +5,8 @@ run through load_from_disk).
 Workloads: tokens (List<int32>, lengths 16..512, Zipf ids) at two sizes (memory must not grow
 with the dataset), and images (PNG / JPEG of 64..160 px, Image feature) where zrecord decodes
 in Rust (loaderx refuses Image columns; the peer is a Pillow decode loop plus save_to_disk).
-Each system runs in its own process; peak RSS is that process's ru_maxrss.
+Each system runs in its own process; peak RSS is that process's VmHWM (interpreter, datasets
+and pyarrow included).
 
     python benches/python/convert.py [--rows 200000] [--images 2500] [--workdir DIR]
     LOADERX_PYTHON=/path/to/python3.12  # with loaderx[converter] and datasets installed
@@ -27,7 +28,7 @@ import numpy as np
 
 RUNNER = textwrap.dedent(
     """
-    import json, os, resource, sys, time
+    import json, os, sys, time
     import numpy as np
     import datasets
     kind, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -53,7 +54,9 @@ RUNNER = textwrap.dedent(
     size = 0
     for d, _, fs in os.walk(dst):
         size += sum(os.path.getsize(os.path.join(d, f)) for f in fs)
-    print(json.dumps({"seconds": secs, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "bytes_out": size}))
+    # VmHWM: this process image's peak RSS (ru_maxrss would include the forking parent's).
+    hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+    print(json.dumps({"seconds": secs, "rss": int(hwm) * 1024, "bytes_out": size}))
     """
 )
 
