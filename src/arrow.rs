@@ -13,6 +13,7 @@ pub use convert::{column_from_ragged, ColumnLayout, Logical, StreamWriter};
 pub use dataset_writer::DatasetWriter;
 pub use scan::{batch_column, record_bytes_hint, source_layout, stream_field, ScanColumn, ScanReader, Scanner, BATCH_BYTES, ID_COLUMN};
 pub use tensor::{dense_to_arrow, element_field, ragged_to_arrow, tensor_buffer, to_record_batch};
+pub(crate) use tensor::{fixed_shape_column, variable_shape_column};
 
 /// `ARROW:extension:name`.
 pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";

@@ -26,14 +26,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, ListArray, RecordBatch, StructArray, UInt64Array};
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, ListArray, RecordBatch, UInt64Array};
 use arrow_buffer::{OffsetBuffer, ScalarBuffer};
-use arrow_schema::{DataType, Field, FieldRef, Fields, Schema};
+use arrow_schema::{DataType, Field, FieldRef, Schema};
 use serde_json::Value;
 
-use crate::arrow::{ColumnLayout, DatasetWriter, EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, VARIABLE_SHAPE_TENSOR};
+use crate::arrow::{variable_shape_column, ColumnLayout, DatasetWriter, EXTENSION_NAME_KEY};
 use crate::error::{Error, Result};
-use crate::store::codec::train_dict_from_samples;
+use crate::store::codec::DictSamples;
 use crate::store::{Codec, Logical, WriterOptions};
 
 pub use files::{open_files, FileFormat, FileInput};
@@ -103,6 +103,8 @@ struct Plan {
     layout: Option<ColumnLayout>,
     /// Channel count of a resized image column, fixed by its first image.
     channels: Option<usize>,
+    /// The codec its stream is written with (set when the streams are created).
+    codec: Codec,
 }
 
 /// What a finished conversion wrote.
@@ -152,9 +154,9 @@ impl Staged {
 
 enum State {
     /// Holding batches back to train dictionaries (or no data yet).
-    Pending(Vec<Vec<(FieldRef, ArrayRef)>>, usize),
+    Pending(Staged),
     /// Streams created; small batches staged until [`COALESCE_BYTES`].
-    Writing(DatasetWriter, Vec<Codec>, Staged),
+    Writing(DatasetWriter, Staged),
     Done,
 }
 
@@ -167,6 +169,13 @@ pub struct Converter {
     rows: u64,
     bytes: u64,
     metadata: Value,
+}
+
+/// The Hugging Face `Features` JSON that `datasets` stores in a schema's `huggingface`
+/// metadata (Arrow caches, `save_to_disk`, `to_parquet`), if any.
+pub fn hf_features(schema: &Schema) -> Option<Value> {
+    let v: Value = serde_json::from_str(schema.metadata().get("huggingface")?).ok()?;
+    v.get("info")?.get("features").cloned()
 }
 
 /// A short description of a Hugging Face feature, for messages: `Image`, `List(Value('int32'))`.
@@ -207,7 +216,7 @@ fn plan_column(field: &Field, input: usize, feature: Option<&Value>, options: &C
     let ext = field.metadata().get(EXTENSION_NAME_KEY).map(|s| s.as_str()).unwrap_or("");
     let encoded_struct = matches!(field.data_type(), DataType::Struct(fs)
         if fs.iter().any(|f| f.name() == "bytes") && fs.iter().all(|f| f.name() == "bytes" || f.name() == "path"));
-    let plan = |adapt: Adapt, layout: Option<ColumnLayout>| Ok(Plan { name: name.clone(), input, adapt, layout, channels: None });
+    let plan = |adapt: Adapt, layout: Option<ColumnLayout>| Ok(Plan { name: name.clone(), input, adapt, layout, channels: None, codec: options.writer.codec });
     match ftype {
         Some("Image") => {
             let Some(opts) = &options.images else {
@@ -404,33 +413,31 @@ fn ragged_lists(column: &str, a: &ArrayRef, inner: &[usize], base: u64) -> Resul
     let data = ListArray::try_new(item, OffsetBuffer::new(ScalarBuffer::from(data_offs)), leaf, None)?;
     let ndim = inner.len() + 1;
     let shape = FixedSizeListArray::try_new(Arc::new(Field::new("item", DataType::UInt64, false)), ndim as i32, Arc::new(UInt64Array::from(shapes)), None)?;
-    let fields = Fields::from(vec![Field::new("data", data.data_type().clone(), false), Field::new("shape", shape.data_type().clone(), false)]);
-    let arr = StructArray::try_new(fields, vec![Arc::new(data), Arc::new(shape)], None)?;
-    let field = Field::new(column, arr.data_type().clone(), false).with_metadata(
-        [(EXTENSION_NAME_KEY.to_string(), VARIABLE_SHAPE_TENSOR.to_string()), (EXTENSION_METADATA_KEY.to_string(), "{}".to_string())].into_iter().collect(),
-    );
-    Ok((Arc::new(field), Arc::new(arr)))
+    variable_shape_column(column, data, shape)
 }
 
-/// Each record's bytes, for dictionary training (None: a layout training does not help).
-fn record_samples(layout: &ColumnLayout, a: &ArrayRef, out: &mut Vec<Vec<u8>>, budget: &mut usize) {
-    let push = |out: &mut Vec<Vec<u8>>, budget: &mut usize, b: &[u8]| {
-        if *budget > 0 && !b.is_empty() {
-            *budget = budget.saturating_sub(b.len());
-            out.push(b.to_vec());
-        }
-    };
-    let prim_bytes = |leaf: &ArrayRef, dtype: crate::DType| -> Option<Vec<u8>> {
-        let d = leaf.to_data();
-        let size = dtype.size();
-        d.buffers().first().and_then(|b| b.as_slice().get(d.offset() * size..(d.offset() + d.len()) * size)).map(|s| s.to_vec())
-    };
+/// The values buffer of a flat primitive array and the byte range its elements occupy (no copy).
+fn primitive_bytes(a: &dyn Array, dtype: crate::DType) -> Option<(arrow_buffer::Buffer, std::ops::Range<usize>)> {
+    let size = dtype.size();
+    let d = a.to_data();
+    let buf = d.buffers().first()?.clone();
+    let range = d.offset() * size..(d.offset() + d.len()) * size;
+    (range.end <= buf.len()).then_some((buf, range))
+}
+
+/// Add each record's stored bytes of `a` (a column of `layout`) to `samples`, until its budget
+/// is spent. Layouts a dictionary does not help (bool) add nothing.
+fn record_samples(layout: &ColumnLayout, a: &ArrayRef, samples: &mut DictSamples) {
+    let mut each = |b: &[u8]| samples.push(b);
     match layout {
         ColumnLayout::Dense { dtype, item_shape } if *dtype != crate::DType::Bool => {
             let per = item_shape.iter().product::<usize>() * dtype.size();
-            if let Some(bytes) = prim_bytes(&flatten_fixed(a), *dtype) {
-                for r in bytes.chunks_exact(per.max(1)) {
-                    push(out, budget, r);
+            let leaf = flatten_fixed(a);
+            if let Some((buf, range)) = primitive_bytes(leaf.as_ref(), *dtype) {
+                for r in buf.as_slice()[range].chunks_exact(per.max(1)) {
+                    if !each(r) {
+                        break;
+                    }
                 }
             }
         }
@@ -441,22 +448,31 @@ fn record_samples(layout: &ColumnLayout, a: &ArrayRef, out: &mut Vec<Vec<u8>>, b
             };
             let Ok((offs, values)) = list_parts("", &list) else { return };
             let size = dtype.size();
-            let Some(bytes) = prim_bytes(&values, *dtype) else { return };
+            let Some((buf, range)) = primitive_bytes(values.as_ref(), *dtype) else { return };
+            let bytes = &buf.as_slice()[range];
             for w in offs.windows(2) {
-                if let Some(r) = bytes.get(w[0] as usize * size..w[1] as usize * size) {
-                    push(out, budget, r);
+                match bytes.get(w[0] as usize * size..w[1] as usize * size) {
+                    Some(r) if each(r) => {}
+                    _ => break,
                 }
             }
         }
-        ColumnLayout::Ragged { logical: Logical::Utf8 | Logical::Binary, .. } => match a.data_type() {
-            DataType::Utf8 => a.as_string::<i32>().iter().flatten().for_each(|s| push(out, budget, s.as_bytes())),
-            DataType::LargeUtf8 => a.as_string::<i64>().iter().flatten().for_each(|s| push(out, budget, s.as_bytes())),
-            DataType::Utf8View => a.as_string_view().iter().flatten().for_each(|s| push(out, budget, s.as_bytes())),
-            DataType::Binary => a.as_binary::<i32>().iter().flatten().for_each(|s| push(out, budget, s)),
-            DataType::LargeBinary => a.as_binary::<i64>().iter().flatten().for_each(|s| push(out, budget, s)),
-            DataType::BinaryView => a.as_binary_view().iter().flatten().for_each(|s| push(out, budget, s)),
-            _ => {}
-        },
+        ColumnLayout::Ragged { logical: Logical::Utf8 | Logical::Binary, .. } => {
+            let strings: Box<dyn Iterator<Item = &[u8]>> = match a.data_type() {
+                DataType::Utf8 => Box::new(a.as_string::<i32>().iter().flatten().map(str::as_bytes)),
+                DataType::LargeUtf8 => Box::new(a.as_string::<i64>().iter().flatten().map(str::as_bytes)),
+                DataType::Utf8View => Box::new(a.as_string_view().iter().flatten().map(str::as_bytes)),
+                DataType::Binary => Box::new(a.as_binary::<i32>().iter().flatten()),
+                DataType::LargeBinary => Box::new(a.as_binary::<i64>().iter().flatten()),
+                DataType::BinaryView => Box::new(a.as_binary_view().iter().flatten()),
+                _ => return,
+            };
+            for b in strings {
+                if !each(b) {
+                    break;
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -477,13 +493,7 @@ impl Converter {
                 return Err(Error::invalid("train_dict", format!("dictionary size {size} bytes; expected 256 B ..= 16 MiB")));
             }
         }
-        let features = options.features.clone().or_else(|| {
-            schema
-                .metadata()
-                .get("huggingface")
-                .and_then(|m| serde_json::from_str::<Value>(m).ok())
-                .and_then(|v| v.get("info").and_then(|i| i.get("features")).cloned())
-        });
+        let features = options.features.clone().or_else(|| hf_features(schema));
         let wanted: Vec<(usize, &Field)> = match &options.columns {
             None => schema.fields().iter().enumerate().map(|(i, f)| (i, f.as_ref())).collect(),
             Some(cols) => {
@@ -532,7 +542,7 @@ impl Converter {
                 }
             }
         }
-        Ok(Converter { dest, plans, options, state: State::Pending(Vec::new(), 0), rows: 0, bytes: 0, metadata: Value::Object(metadata) })
+        Ok(Converter { dest, plans, options, state: State::Pending(Staged::default()), rows: 0, bytes: 0, metadata: Value::Object(metadata) })
     }
 
     /// Where the root is published.
@@ -604,76 +614,54 @@ impl Converter {
         let bytes: u64 = cols.iter().map(|(_, a)| a.to_data().get_slice_memory_size().unwrap_or(0) as u64).sum();
         self.rows += batch.num_rows() as u64;
         self.bytes += bytes;
+        let (State::Pending(staged) | State::Writing(_, staged)) = &mut self.state else { return Err(Error::Closed { what: "converter" }) };
+        staged.push(cols, bytes as usize);
         match &mut self.state {
-            State::Pending(held, held_bytes) => {
-                held.push(cols);
-                *held_bytes += bytes as usize;
-                let enough = match self.options.train_dict {
-                    Some(size) => *held_bytes >= size * DICT_SAMPLE_FACTOR * self.plans.len(),
-                    None => true,
-                };
-                if enough {
-                    self.start()?;
-                }
-                Ok(())
+            // Held back until there is enough input to train on (or at once without training).
+            State::Pending(staged) if self.options.train_dict.is_none_or(|size| staged.bytes >= size * DICT_SAMPLE_FACTOR * self.plans.len()) => {
+                self.start()?
             }
-            State::Writing(w, _, staged) => {
-                staged.push(cols, bytes as usize);
-                if staged.bytes >= COALESCE_BYTES {
-                    staged.flush(w)?;
-                }
-                Ok(())
-            }
-            State::Done => Err(Error::Closed { what: "converter" }),
+            State::Writing(w, staged) if staged.bytes >= COALESCE_BYTES => staged.flush(w)?,
+            _ => {}
         }
+        Ok(())
     }
 
-    /// Create the streams (training dictionaries on the held input first) and write what was held.
+    /// Create the streams (training dictionaries on the held input first); what was held is
+    /// written with the next flush.
     fn start(&mut self) -> Result<()> {
-        let State::Pending(held, _) = std::mem::replace(&mut self.state, State::Done) else { return Ok(()) };
+        let State::Pending(held) = std::mem::replace(&mut self.state, State::Done) else { return Ok(()) };
         let mut columns = Vec::with_capacity(self.plans.len());
-        let mut codecs = Vec::with_capacity(self.plans.len());
-        for (k, p) in self.plans.iter().enumerate() {
-            let layout = match &p.layout {
-                Some(l) => l.clone(),
-                // Resized images with no data: assume RGB.
-                None => match &p.adapt {
-                    Adapt::Image(o) => image_layout(o, Some(3)).ok_or_else(|| Error::invalid("column", "image layout"))?,
-                    _ => return Err(Error::invalid("column", format!("column '{}' has no layout", p.name))),
-                },
+        for (k, p) in self.plans.iter_mut().enumerate() {
+            let layout = match (&p.layout, &p.adapt) {
+                (Some(l), _) => l.clone(),
+                // Resized images of native channel count with no data: assume RGB.
+                (None, Adapt::Image(o)) => image_layout(o, Some(3)).ok_or_else(|| Error::invalid("column", "image layout"))?,
+                (None, _) => return Err(Error::invalid("column", format!("column '{}' has no layout", p.name))),
             };
             let mut opts = self.options.writer.clone();
             if let Some(size) = self.options.train_dict {
-                let mut samples = Vec::new();
-                let mut budget = size * DICT_SAMPLE_FACTOR;
-                for cols in &held {
-                    record_samples(&layout, &cols[k].1, &mut samples, &mut budget);
+                let mut samples = DictSamples::new(size * DICT_SAMPLE_FACTOR);
+                for cols in &held.batches {
+                    record_samples(&layout, &cols[k].1, &mut samples);
                 }
-                match train_dict_from_samples(samples.iter().map(|s| &s[..]), size) {
-                    Ok(d) => {
-                        opts.codec = Codec::ZstdDict;
-                        opts.dictionary = Some(d);
-                    }
-                    Err(_) => {
-                        opts.codec = Codec::Zstd;
-                        opts.dictionary = None;
-                    }
-                }
+                // A column too small (or too uniform) to train on is written with plain zstd.
+                (opts.codec, opts.dictionary) = match samples.train(size) {
+                    Ok(d) => (Codec::ZstdDict, Some(d)),
+                    Err(_) => (Codec::Zstd, None),
+                };
             }
-            codecs.push(opts.codec);
+            p.codec = opts.codec;
+            p.layout = Some(layout.clone());
             columns.push((p.name.clone(), layout, opts));
         }
         let mut w = DatasetWriter::create_each(&self.dest, &columns)?;
         w.set_metadata(self.metadata.clone());
-        let mut staged = Staged::default();
-        for cols in held {
-            let bytes = cols.iter().map(|(_, a)| a.to_data().get_slice_memory_size().unwrap_or(0)).sum();
-            staged.push(cols, bytes);
-            if staged.bytes >= COALESCE_BYTES {
-                staged.flush(&mut w)?;
-            }
+        let mut staged = held;
+        if staged.bytes >= COALESCE_BYTES {
+            staged.flush(&mut w)?;
         }
-        self.state = State::Writing(w, codecs, staged);
+        self.state = State::Writing(w, staged);
         Ok(())
     }
 
@@ -683,17 +671,12 @@ impl Converter {
         if matches!(self.state, State::Pending(..)) {
             self.start()?;
         }
-        let State::Writing(mut w, codecs, mut staged) = std::mem::replace(&mut self.state, State::Done) else {
+        let State::Writing(mut w, mut staged) = std::mem::replace(&mut self.state, State::Done) else {
             return Err(Error::Closed { what: "converter (an earlier batch failed: nothing was published)" });
         };
         staged.flush(&mut w)?;
         let path = w.finish()?;
-        let streams = self
-            .plans
-            .iter()
-            .zip(codecs)
-            .map(|(p, c)| (p.name.clone(), p.layout.clone().unwrap_or(ColumnLayout::Dense { dtype: crate::DType::UInt8, item_shape: vec![] }), c))
-            .collect();
+        let streams = self.plans.into_iter().filter_map(|p| Some((p.name, p.layout?, p.codec))).collect();
         Ok(ConvertReport { path, rows: self.rows, bytes: self.bytes, streams })
     }
 }

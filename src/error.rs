@@ -202,10 +202,7 @@ impl Error {
 
     /// True when the error means the store on disk is damaged.
     pub fn is_corruption(&self) -> bool {
-        match self.root() {
-            Error::Corrupt { .. } | Error::Codec { .. } | Error::UnsupportedVersion { .. } => true,
-            _ => false,
-        }
+        matches!(self.root(), Error::Corrupt { .. } | Error::Codec { .. } | Error::UnsupportedVersion { .. })
     }
 
     /// Add what was being done to an error.

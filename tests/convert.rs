@@ -1,6 +1,8 @@
 //! Dataset conversion from files and Arrow batches: every type rule, Hugging Face features,
 //! dictionary training, errors before publish, and the `zrec convert` command.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::sync::Arc;
 

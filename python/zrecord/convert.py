@@ -53,17 +53,16 @@ def _hf_batches(ds, columns, batch_rows):
             part = table.slice(lo, len(arr))
         else:
             part = table.take(pa.array(arr, type=pa.uint64()))
-        yield from part.combine_chunks().to_batches(max_chunksize=batch_rows)
+        # No combine_chunks: the converter gathers small batches itself (one copy, not two).
+        yield from part.to_batches(max_chunksize=batch_rows)
+
+
+#: DatasetInfo fields kept in dataset.json (the CLI keeps the same from dataset_info.json).
+_HF_INFO_KEYS = ("description", "citation", "homepage", "license", "dataset_name", "config_name", "version", "builder_name")
 
 
 def _hf_info(ds):
-    info = {}
-    for k in ("description", "citation", "homepage", "license", "dataset_name", "config_name", "builder_name"):
-        v = getattr(ds.info, k, None)
-        if v:
-            info[k] = str(v)
-    if getattr(ds.info, "version", None):
-        info["version"] = str(ds.info.version)
+    info = {k: str(getattr(ds.info, k)) for k in _HF_INFO_KEYS if getattr(ds.info, k, None)}
     fp = getattr(ds, "_fingerprint", None)
     if fp:
         info["fingerprint"] = fp
@@ -93,14 +92,7 @@ def _source(source, columns, batch_rows):
     if isinstance(source, (str, os.PathLike)):
         reader, info = open_files(os.fspath(source))
         reader = pa.RecordBatchReader.from_stream(reader)
-        meta = {"source": {"kind": info["format"], "files": info["files"]}}
-        if info["info"]:
-            hf = json.loads(info["info"])
-            meta["huggingface"] = {
-                k: hf[k] for k in ("description", "citation", "homepage", "license", "dataset_name", "config_name", "builder_name")
-                if hf.get(k)
-            }
-        return reader.schema, iter(reader), info["total_rows"], info["features"], meta
+        return reader.schema, iter(reader), info["total_rows"], info["features"], json.loads(info["metadata"])
     if isinstance(source, pa.Table):
         return source.schema, iter(source.to_batches(max_chunksize=batch_rows)), source.num_rows, None, {"source": {"kind": "arrow table"}}
     if isinstance(source, pa.RecordBatch):

@@ -356,7 +356,6 @@ impl StreamWriter {
                     return w.append(&TensorView::new(&bytes, *dtype, shape));
                 }
                 let bytes = element_bytes(&data, *dtype, start, count)?;
-                crate::store::bytes::populate_read(bytes);
                 w.append(&TensorView::new(bytes, *dtype, shape))
             }
             (StreamWriter::Ragged(w), ColumnLayout::Ragged { dtype, ndim, logical }) => match logical {
@@ -435,7 +434,6 @@ fn append_ragged_tensor(w: &mut RaggedWriter, column: &str, dtype: DType, ndim: 
     } else {
         element_bytes(&child, dtype, start, count)?
     };
-    crate::store::bytes::populate_read(bytes);
     let input = RaggedInput::new(
         TensorView::new(bytes, dtype, vec![count]),
         TensorView::from_slice(&cu[..], &[cu.len()]),
@@ -494,8 +492,7 @@ fn append_bytes(w: &mut RaggedWriter, column: &str, array: &dyn Array, base: u64
             let shapes: Vec<u64> = cu.windows(2).map(|p| (p[1] - p[0]) as u64).collect();
             let (start, count) = (offs[0] as usize, (offs[n] - offs[0]) as usize);
             let bytes = data.buffers()[1].as_slice().get(start..start + count).ok_or_else(|| Error::invalid("column", "string data shorter than its offsets"))?;
-            crate::store::bytes::populate_read(bytes);
-            w.append(&RaggedInput::new(
+                    w.append(&RaggedInput::new(
                 TensorView::new(bytes, DType::UInt8, vec![count]),
                 TensorView::from_slice(&cu[..], &[cu.len()]),
                 TensorView::from_slice(&shapes[..], &[n, 1]),

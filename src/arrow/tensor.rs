@@ -76,9 +76,27 @@ pub fn dense_to_arrow(name: &str, t: &Tensor) -> Result<(FieldRef, ArrayRef)> {
     let child = Arc::new(element_field(t.dtype()));
     let values = flat_values(t, n * per)?;
     let list = FixedSizeListArray::try_new(child, size, values, None).map_err(arrow_err)?;
-    let meta = format!("{{\"shape\":[{}]}}", item.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
+    Ok(fixed_shape_column(name, list, item))
+}
+
+/// `list` (one row per item, `product(item_shape)` elements each) as an
+/// `arrow.fixed_shape_tensor` column.
+pub(crate) fn fixed_shape_column(name: &str, list: FixedSizeListArray, item_shape: &[usize]) -> (FieldRef, ArrayRef) {
+    let meta = format!("{{\"shape\":[{}]}}", item_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
     let field = ext_field(name, list.data_type().clone(), FIXED_SHAPE_TENSOR, meta);
-    Ok((Arc::new(field), Arc::new(list)))
+    (Arc::new(field), Arc::new(list))
+}
+
+/// `data` (one list of elements per row) and `shape` (one row of extents per row) as the
+/// `arrow.variable_shape_tensor` struct column.
+pub(crate) fn variable_shape_column(name: &str, data: ListArray, shape: FixedSizeListArray) -> Result<(FieldRef, ArrayRef)> {
+    let fields = Fields::from(vec![
+        Field::new("data", data.data_type().clone(), false),
+        Field::new("shape", shape.data_type().clone(), false),
+    ]);
+    let st = StructArray::try_new(fields, vec![Arc::new(data) as ArrayRef, Arc::new(shape) as ArrayRef], None).map_err(arrow_err)?;
+    let field = ext_field(name, st.data_type().clone(), VARIABLE_SHAPE_TENSOR, "{}".to_string());
+    Ok((Arc::new(field), Arc::new(st)))
 }
 
 /// A ragged batch as `List<T>` (ndim 1; offsets are `cu_seqlens`) or
@@ -102,13 +120,7 @@ pub fn ragged_to_arrow(name: &str, b: &RaggedBatch) -> Result<(FieldRef, ArrayRe
     }
     let shape_child = Arc::new(Field::new_list_field(DataType::Int32, false));
     let shape = FixedSizeListArray::try_new(shape_child, nd as i32, Arc::new(Int32Array::from(shape32)), None).map_err(arrow_err)?;
-    let fields = Fields::from(vec![
-        Field::new("data", list.data_type().clone(), false),
-        Field::new("shape", shape.data_type().clone(), false),
-    ]);
-    let st = StructArray::try_new(fields, vec![Arc::new(list) as ArrayRef, Arc::new(shape) as ArrayRef], None).map_err(arrow_err)?;
-    let field = ext_field(name, st.data_type().clone(), VARIABLE_SHAPE_TENSOR, "{}".to_string());
-    Ok((Arc::new(field), Arc::new(st)))
+    variable_shape_column(name, list, shape)
 }
 
 /// Columns of equal length as one RecordBatch.

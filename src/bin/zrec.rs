@@ -174,10 +174,12 @@ fn convert(a: ConvertArgs) -> Result<()> {
     use std::sync::Arc;
     use zrecord::convert::{convert_batches, open_files, ConvertOptions, ImageOptions, DEFAULT_DICT_SIZE};
     let codec: Codec = a.codec.parse()?;
-    let mut options = ConvertOptions::default();
-    options.writer = WriterOptions { codec, level: a.level, data_shards: a.data_shards, allow_empty: a.allow_empty, ..Default::default() };
-    options.columns = a.columns;
-    options.train_dict = a.train_dict_size.or((codec == Codec::ZstdDict).then_some(DEFAULT_DICT_SIZE));
+    let mut options = ConvertOptions {
+        writer: WriterOptions { codec, level: a.level, data_shards: a.data_shards, allow_empty: a.allow_empty, ..Default::default() },
+        columns: a.columns,
+        train_dict: a.train_dict_size.or((codec == Codec::ZstdDict).then_some(DEFAULT_DICT_SIZE)),
+        ..Default::default()
+    };
     if let Some(layout) = a.decode_images {
         let mut im = ImageOptions::new(layout.parse()?);
         im.mode = a.image_mode.map(|m| m.parse()).transpose()?;
@@ -188,21 +190,7 @@ fn convert(a: ConvertArgs) -> Result<()> {
     }
     let input = open_files(&a.source)?;
     options.features = input.features.clone();
-    let mut meta = serde_json::Map::new();
-    meta.insert("source".into(), serde_json::json!({
-        "kind": format!("{:?}", input.format).to_lowercase(),
-        "files": input.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
-    }));
-    if let Some(info) = &input.info {
-        let mut hf = serde_json::Map::new();
-        for k in ["description", "citation", "homepage", "license", "dataset_name", "config_name", "version", "builder_name"] {
-            if let Some(v) = info.get(k).filter(|v| !v.is_null() && v.as_str() != Some("")) {
-                hf.insert(k.into(), v.clone());
-            }
-        }
-        meta.insert("huggingface".into(), serde_json::Value::Object(hf));
-    }
-    options.metadata = meta;
+    options.metadata = input.metadata();
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

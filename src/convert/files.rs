@@ -58,6 +58,30 @@ pub struct FileInput {
     pub format: FileFormat,
 }
 
+impl FileInput {
+    /// `dataset.json` metadata describing the source: its kind and files, and for a
+    /// `save_to_disk` folder the dataset's description, citation, homepage, license, names.
+    pub fn metadata(&self) -> serde_json::Map<String, Value> {
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            "source".into(),
+            serde_json::json!({
+                "kind": format!("{:?}", self.format).to_lowercase(),
+                "files": self.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            }),
+        );
+        if let Some(info) = &self.info {
+            let keep = ["description", "citation", "homepage", "license", "dataset_name", "config_name", "version", "builder_name"];
+            let hf: serde_json::Map<String, Value> = keep
+                .iter()
+                .filter_map(|&k| info.get(k).filter(|v| !v.is_null() && v.as_str() != Some("")).map(|v| (k.to_string(), v.clone())))
+                .collect();
+            meta.insert("huggingface".into(), Value::Object(hf));
+        }
+        meta
+    }
+}
+
 /// Rows per batch read from CSV / JSON.
 const TEXT_BATCH_ROWS: usize = 8192;
 
@@ -104,7 +128,6 @@ pub fn open_files(source: &str) -> Result<FileInput> {
             }
             if let Ok(i) = read_json_file(&path.join("dataset_info.json")) {
                 features = i.get("features").cloned();
-                total_rows = None;
                 info = Some(i);
             }
             (files, FileFormat::Arrow)
@@ -149,11 +172,7 @@ pub fn open_files(source: &str) -> Result<FileInput> {
         total_rows = Some(readers.iter().map(|r| r.2.unwrap_or(0)).sum());
     }
     if features.is_none() {
-        features = schema
-            .metadata()
-            .get("huggingface")
-            .and_then(|m| serde_json::from_str::<Value>(m).ok())
-            .and_then(|v| v.get("info").and_then(|i| i.get("features")).cloned());
+        features = super::hf_features(&schema);
     }
     let batches = readers.into_iter().flat_map(|(_, it, _)| it);
     Ok(FileInput { schema, batches: Box::new(batches), total_rows, features, info, files, format })

@@ -7,13 +7,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, ListArray, StructArray, UInt64Array, UInt8Array};
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, ListArray, UInt64Array, UInt8Array};
 use arrow_buffer::{OffsetBuffer, ScalarBuffer};
-use arrow_schema::{DataType, Field, FieldRef, Fields};
+use arrow_schema::{DataType, Field, FieldRef};
 use image::DynamicImage;
 use rayon::prelude::*;
 
-use crate::arrow::{EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, FIXED_SHAPE_TENSOR, VARIABLE_SHAPE_TENSOR};
+use crate::arrow::{fixed_shape_column, variable_shape_column};
 use crate::error::{Error, Result};
 
 /// Axis order of decoded pixels.
@@ -221,11 +221,8 @@ pub(crate) fn decode_column(column: &str, array: &dyn Array, opts: &ImageOptions
         let shape = dense_shape(opts, channels.unwrap_or(3));
         let per: usize = shape.iter().product::<u64>() as usize;
         let arr = FixedSizeListArray::try_new(item.clone(), per as i32, Arc::new(values), None)?;
-        let meta = serde_json::json!({ "shape": shape }).to_string();
-        let field = Field::new(column, arr.data_type().clone(), false).with_metadata(
-            [(EXTENSION_NAME_KEY.to_string(), FIXED_SHAPE_TENSOR.to_string()), (EXTENSION_METADATA_KEY.to_string(), meta)].into_iter().collect(),
-        );
-        return Ok((Arc::new(field), Arc::new(arr)));
+        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        return Ok(fixed_shape_column(column, arr, &shape));
     }
     let mut offsets = Vec::with_capacity(decoded.len() + 1);
     offsets.push(0i32);
@@ -237,12 +234,7 @@ pub(crate) fn decode_column(column: &str, array: &dyn Array, opts: &ImageOptions
     let data = ListArray::try_new(item, OffsetBuffer::new(ScalarBuffer::from(offsets)), Arc::new(values), None)?;
     let shapes = UInt64Array::from(decoded.iter().flat_map(|d| d.shape).collect::<Vec<u64>>());
     let shape = FixedSizeListArray::try_new(Arc::new(Field::new("item", DataType::UInt64, false)), 3, Arc::new(shapes), None)?;
-    let fields = Fields::from(vec![Field::new("data", data.data_type().clone(), false), Field::new("shape", shape.data_type().clone(), false)]);
-    let arr = StructArray::try_new(fields, vec![Arc::new(data), Arc::new(shape)], None)?;
-    let field = Field::new(column, arr.data_type().clone(), false).with_metadata(
-        [(EXTENSION_NAME_KEY.to_string(), VARIABLE_SHAPE_TENSOR.to_string()), (EXTENSION_METADATA_KEY.to_string(), "{}".to_string())].into_iter().collect(),
-    );
-    Ok((Arc::new(field), Arc::new(arr)))
+    variable_shape_column(column, data, shape)
 }
 
 /// The item shape of a resized image column with `channels` channels.
@@ -297,7 +289,7 @@ mod tests {
         let opts = ImageOptions { mode: Some(ImageMode::Rgb), ..opts };
         let (f, a) = decode_column("img", &col, &opts, 0, &mut None).unwrap();
         assert_eq!(a.len(), 2);
-        assert!(f.metadata()[EXTENSION_METADATA_KEY].contains("[4,4,3]"));
+        assert!(f.metadata()[crate::arrow::EXTENSION_METADATA_KEY].contains("[4,4,3]"));
         let bad = BinaryArray::from(vec![&png(3, 2, true)[..], b"not an image"]);
         let e = decode_column("img", &bad, &ImageOptions::new(ImageLayout::Hwc), 5, &mut None).unwrap_err().to_string();
         assert!(e.contains("row 6") && e.contains("cannot decode"), "{e}");

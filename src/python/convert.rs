@@ -14,6 +14,7 @@ use pyo3::types::PyDict;
 use crate::convert::{open_files as open_file_input, ConvertOptions, Converter, ImageOptions};
 use crate::error::Error;
 use crate::python::errors::{to_py, IntoPy};
+use crate::python::source::arrow_reader;
 use crate::store::{Codec, WriterOptions};
 
 fn json_arg(name: &str, s: Option<String>) -> PyResult<Option<serde_json::Value>> {
@@ -114,16 +115,8 @@ impl PyConverter {
     /// Convert Arrow data (a record batch or a stream of them: `__arrow_c_array__` /
     /// `__arrow_c_stream__`); returns the rows it added.
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
-        if data.hasattr("__arrow_c_stream__")? {
-            let reader = data.extract::<pyo3_arrow::PyRecordBatchReader>()?.into_reader()?;
-            return self.push(py, reader);
-        }
-        if data.hasattr("__arrow_c_array__")? {
-            let batch = data.extract::<pyo3_arrow::PyRecordBatch>()?.into_inner();
-            let schema = batch.schema();
-            return self.push(py, Box::new(arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema)));
-        }
-        Err(PyTypeError::new_err(format!("Converter.write needs Arrow data (__arrow_c_array__ or __arrow_c_stream__), got {}", data.get_type().name()?)))
+        let reader = arrow_reader(data, "Converter.write")?;
+        self.push(py, reader)
     }
 
     /// Rows converted so far.
@@ -170,15 +163,15 @@ impl PyConverter {
 
 /// Open Parquet / Arrow IPC / CSV / JSON files (a path, folder, glob or Hugging Face
 /// `save_to_disk` folder). Returns `(reader, info)`: an Arrow stream (`__arrow_c_stream__`)
-/// and a dict with `total_rows`, `features` (JSON or None), `info` (JSON or None), `files`,
-/// `format`.
+/// and a dict with `total_rows`, `features` (JSON or None), `metadata` (JSON: the source for
+/// `dataset.json`), `files`, `format`.
 #[pyfunction]
 pub fn open_files<'py>(py: Python<'py>, source: &str) -> PyResult<(pyo3_arrow::PyRecordBatchReader, Bound<'py, PyDict>)> {
     let input = py.detach(|| open_file_input(source)).py_err()?;
     let d = PyDict::new(py);
     d.set_item("total_rows", input.total_rows)?;
-    d.set_item("features", input.features.map(|f| f.to_string()))?;
-    d.set_item("info", input.info.map(|f| f.to_string()))?;
+    d.set_item("features", input.features.as_ref().map(|f| f.to_string()))?;
+    d.set_item("metadata", serde_json::Value::Object(input.metadata()).to_string())?;
     d.set_item("files", input.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>())?;
     d.set_item("format", format!("{:?}", input.format).to_lowercase())?;
     let batches = input.batches.map(|r| r.map_err(|e| arrow_schema::ArrowError::ExternalError(Box::new(e))));

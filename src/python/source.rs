@@ -376,17 +376,8 @@ impl PyDatasetWriter {
     /// Append Arrow data (anything with `__arrow_c_stream__` or `__arrow_c_array__`), one
     /// record batch at a time. Returns the rows written by this call.
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
-        if data.hasattr("__arrow_c_stream__")? {
-            let reader = data.extract::<pyo3_arrow::PyRecordBatchReader>()?.into_reader()?;
-            return self.append_reader(py, reader);
-        }
-        if data.hasattr("__arrow_c_array__")? {
-            let batch = data.extract::<pyo3_arrow::PyRecordBatch>()?.into_inner();
-            let schema = batch.schema();
-            let reader = arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema);
-            return self.append_reader(py, Box::new(reader));
-        }
-        Err(PyTypeError::new_err(format!("DatasetWriter.write needs Arrow data (__arrow_c_stream__ or __arrow_c_array__), got {}", data.get_type().name()?)))
+        let reader = arrow_reader(data, "DatasetWriter.write")?;
+        self.append_reader(py, reader)
     }
 
     /// Records written per stream.
@@ -431,6 +422,20 @@ impl PyDatasetWriter {
     fn __repr__(&self) -> String {
         format!("DatasetWriter('{}', {} records)", self.path.display(), self.__len__())
     }
+}
+
+/// Arrow data from Python as a batch reader: a stream (`__arrow_c_stream__`) or one record
+/// batch (`__arrow_c_array__`); anything else is a `TypeError` naming `what` wanted it.
+pub(crate) fn arrow_reader(data: &Bound<'_, PyAny>, what: &str) -> PyResult<Box<dyn RecordBatchReader + Send>> {
+    if data.hasattr("__arrow_c_stream__")? {
+        return data.extract::<pyo3_arrow::PyRecordBatchReader>()?.into_reader();
+    }
+    if data.hasattr("__arrow_c_array__")? {
+        let batch = data.extract::<pyo3_arrow::PyRecordBatch>()?.into_inner();
+        let schema = batch.schema();
+        return Ok(Box::new(arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema)));
+    }
+    Err(PyTypeError::new_err(format!("{what} needs Arrow data (__arrow_c_stream__ or __arrow_c_array__), got {}", data.get_type().name()?)))
 }
 
 /// A `dict` of stream name -> store, view or record source, as `register_sources` streams.

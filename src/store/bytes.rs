@@ -296,24 +296,6 @@ pub(crate) fn source_hash_hex(src: &dyn ByteSource) -> Result<String> {
 }
 
 #[cfg(test)]
-mod populate_tests {
-    #[test]
-    fn populate_read_leaves_mapped_and_heap_bytes_unchanged() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        let data: Vec<u8> = (0..(3 << 20)).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        let f = std::fs::File::open(&p).unwrap();
-        // SAFETY: the file is private to this test and not modified while mapped.
-        let m = unsafe { memmap2::Mmap::map(&f) }.unwrap();
-        super::populate_read(&m[5..]);
-        super::populate_read(&data[1..]);
-        super::populate_read(&[]);
-        assert_eq!(&m[..], &data[..]);
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -354,28 +336,3 @@ mod tests {
     }
 }
 
-/// Ask the kernel to map every page of `bytes` now (`MADV_POPULATE_READ`, Linux >= 5.14), so a
-/// parallel pass over memory-mapped input (a Hugging Face Arrow cache, a mapped Parquet buffer)
-/// does not take one page fault per 4 KiB on its worker threads. Advisory: errors (an older
-/// kernel, anonymous or partly unmapped memory) are ignored, and nothing is read or written.
-pub(crate) fn populate_read(bytes: &[u8]) {
-    #[cfg(target_os = "linux")]
-    {
-        const MIN_BYTES: usize = 1 << 20;
-        if bytes.len() < MIN_BYTES {
-            return;
-        }
-        let page = 4096usize;
-        let start = bytes.as_ptr() as usize & !(page - 1);
-        let end = bytes.as_ptr() as usize + bytes.len();
-        // SAFETY: madvise only advises the kernel about the address range; MADV_POPULATE_READ
-        // faults in pages as a read would, without changing their contents or the mapping. The
-        // range covers memory borrowed for the whole call (rounded down to its page start,
-        // which lies in the same mapping); an unmapped part makes the call fail with ENOMEM.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_READ);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = bytes;
-}

@@ -204,34 +204,65 @@ impl Drop for DecodeContext<'_> {
     }
 }
 
-/// Train a zstd dictionary of at most `max_size` bytes from sample records.
-///
-/// Large records are sampled by their first 128 KiB (a dictionary only helps the start of a
-/// frame). zstd needs a reasonable number of samples; too few gives an `InvalidCodec` error.
-pub fn train_dict_from_samples<'a>(samples: impl IntoIterator<Item = &'a [u8]>, max_size: usize) -> Result<Vec<u8>> {
-    const SAMPLE_CAP: usize = 128 << 10;
-    const TOTAL_CAP: usize = 256 << 20;
-    let mut data = Vec::new();
-    let mut sizes = Vec::new();
-    for s in samples {
-        let s = &s[..s.len().min(SAMPLE_CAP)];
-        if s.is_empty() {
-            continue;
+/// Sample records gathered for dictionary training: copied once into one continuous buffer
+/// (what zstd's trainer takes), each capped at its first 128 KiB (a dictionary only helps the
+/// start of a frame), up to a total budget.
+#[derive(Debug)]
+pub struct DictSamples {
+    data: Vec<u8>,
+    sizes: Vec<usize>,
+    budget: usize,
+}
+
+impl DictSamples {
+    /// At most this many bytes of one sample are kept.
+    pub const SAMPLE_CAP: usize = 128 << 10;
+    /// Default total budget.
+    pub const TOTAL_CAP: usize = 256 << 20;
+
+    /// An empty set holding at most `budget` bytes.
+    pub fn new(budget: usize) -> DictSamples {
+        DictSamples { data: Vec::new(), sizes: Vec::new(), budget }
+    }
+
+    /// Add one sample (empty ones are skipped); false once the budget is spent.
+    pub fn push(&mut self, sample: &[u8]) -> bool {
+        let s = &sample[..sample.len().min(Self::SAMPLE_CAP)];
+        if self.data.len() + s.len() > self.budget {
+            return false;
         }
-        if data.len() + s.len() > TOTAL_CAP {
+        if !s.is_empty() {
+            self.data.extend_from_slice(s);
+            self.sizes.push(s.len());
+        }
+        true
+    }
+
+    /// Train a dictionary of at most `max_size` bytes. Too few samples is an `InvalidCodec`
+    /// error.
+    pub fn train(&self, max_size: usize) -> Result<Vec<u8>> {
+        if max_size < 256 {
+            return Err(Error::invalid("max_size", format!("{max_size} bytes; a dictionary needs at least 256")));
+        }
+        if self.sizes.len() < 8 {
+            return Err(Error::InvalidCodec { reason: format!("dictionary training needs at least 8 nonempty samples, got {}", self.sizes.len()) });
+        }
+        zstd::dict::from_continuous(&self.data, &self.sizes, max_size).map_err(|e| Error::InvalidCodec {
+            reason: format!("dictionary training failed: {e} ({} samples, {} bytes)", self.sizes.len(), self.data.len()),
+        })
+    }
+}
+
+/// Train a zstd dictionary of at most `max_size` bytes from sample records (see
+/// [`DictSamples`]: 128 KiB per sample, 256 MiB in all).
+pub fn train_dict_from_samples<'a>(samples: impl IntoIterator<Item = &'a [u8]>, max_size: usize) -> Result<Vec<u8>> {
+    let mut set = DictSamples::new(DictSamples::TOTAL_CAP);
+    for s in samples {
+        if !set.push(s) {
             break;
         }
-        data.extend_from_slice(s);
-        sizes.push(s.len());
     }
-    if max_size < 256 {
-        return Err(Error::invalid("max_size", format!("{max_size} bytes; a dictionary needs at least 256")));
-    }
-    if sizes.len() < 8 {
-        return Err(Error::InvalidCodec { reason: format!("dictionary training needs at least 8 nonempty samples, got {}", sizes.len()) });
-    }
-    zstd::dict::from_continuous(&data, &sizes, max_size)
-        .map_err(|e| Error::InvalidCodec { reason: format!("dictionary training failed: {e} ({} samples, {} bytes)", sizes.len(), data.len()) })
+    set.train(max_size)
 }
 
 #[cfg(test)]
