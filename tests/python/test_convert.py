@@ -263,3 +263,29 @@ def test_files_and_cli_parquet_csv_and_save_to_disk(tmp_path):
     out = subprocess.run([zrec, "convert", str(tmp_path / "dd"), str(tmp_path / "nope"), "--quiet"], capture_output=True, text=True)
     assert out.returncode == 1 and "DatasetDict" in out.stderr
     assert not (tmp_path / "nope").exists()
+
+
+def test_cli_ctrl_c_publishes_nothing_and_removes_staging(tmp_path):
+    import signal
+    import time
+
+    import pyarrow.csv as pacsv
+
+    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
+    if not os.path.exists(zrec):
+        pytest.skip("zrec binary not built (set ZREC_BIN)")
+    n = 3_000_000
+    pacsv.write_csv(pa.table({"a": np.arange(n), "s": pa.array(np.arange(n).astype(str))}), tmp_path / "big.csv")
+    out = tmp_path / "out"
+    p = subprocess.Popen([zrec, "convert", str(tmp_path / "big.csv"), str(out), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Interrupt once the staging folder exists: the conversion is under way.
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(e.startswith(".out.zrecord-tmp-") for e in os.listdir(tmp_path)):
+        assert p.poll() is None, "finished before it could be interrupted"
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0
+    assert "interrupted" in err
+    assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["big.csv"]
