@@ -2,10 +2,12 @@
 //! beyond argument conversion. The GIL is released during append, gather and verify.
 
 mod convert;
+mod dataset;
 mod errors;
 mod input;
 mod loader;
 mod memory;
+mod progress;
 mod source;
 mod sql;
 mod store;
@@ -13,7 +15,10 @@ mod store;
 use pyo3::prelude::*;
 
 /// The `zrecord._zrecord` extension module.
-#[pymodule]
+// Free-threaded CPython: every class is `frozen` with interior locks or uses PyO3's
+// thread-safe borrow checking, and no state lives in the module, so the module does not ask
+// for the GIL.
+#[pymodule(gil_used = false)]
 fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("CorruptStoreError", py.get_type::<errors::CorruptStoreError>())?;
@@ -30,6 +35,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyRecordIter>()?;
     m.add_class::<source::PySourceView>()?;
     m.add_class::<source::PyDatasetWriter>()?;
+    m.add_class::<dataset::PyDataset>()?;
     m.add_class::<convert::PyConverter>()?;
     m.add_function(wrap_pyfunction!(convert::open_files, m)?)?;
     m.add_class::<loader::PySampler>()?;

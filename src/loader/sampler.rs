@@ -230,6 +230,35 @@ impl Sampler {
     }
 }
 
+impl Sampler {
+    /// The ids at positions `start..start + out.len()` of epoch `epoch`'s order: the identity in
+    /// sequential mode, cycle `epoch`'s permutation in cyclic mode (the same permutation the
+    /// cyclic batches of that cycle walk, whatever the batch size). Lets a consumer split one
+    /// epoch exactly (every id once) across workers and ranks, remainder included, without a
+    /// dataset-sized array. Iid sampling has no epoch order.
+    pub fn order(&self, epoch: u64, start: u64, out: &mut [u64]) -> Result<()> {
+        let end = start.checked_add(out.len() as u64).filter(|&e| e <= self.n).ok_or_else(|| {
+            Error::invalid("positions", format!("{start}..{start}+{} is outside the {} positions of an epoch", out.len(), self.n))
+        })?;
+        debug_assert!(end <= self.n);
+        match self.mode {
+            Mode::Sequential => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = start + k as u64;
+                }
+            }
+            Mode::Cyclic => {
+                let perm = Permutation::new(self.n, hash3(self.seed, 0xC1C1E, epoch));
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = perm.apply(start + k as u64);
+                }
+            }
+            Mode::Iid => return Err(Error::invalid("mode", "iid sampling draws with replacement and has no epoch order")),
+        }
+        Ok(())
+    }
+}
+
 impl Iterator for Sampler {
     type Item = Vec<u64>;
     fn next(&mut self) -> Option<Vec<u64>> {
@@ -240,6 +269,36 @@ impl Iterator for Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epoch_order_matches_cyclic_batches_and_covers_every_id() {
+        let (n, b) = (103u64, 10usize);
+        let s = Sampler::new(n, b, Mode::Cyclic, 5).unwrap();
+        for epoch in 0..3u64 {
+            let mut order = vec![0u64; n as usize];
+            s.order(epoch, 0, &mut order).unwrap();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+            for j in 0..s.batches_per_cycle() {
+                let batch = s.batch(epoch * s.batches_per_cycle() + j);
+                assert_eq!(&batch[..], &order[(j as usize) * b..(j as usize + 1) * b]);
+            }
+            // A different batch size walks the same permutation of the cycle.
+            let one = Sampler::new(n, 1, Mode::Cyclic, 5).unwrap();
+            assert_eq!(one.batch(epoch * n + 100), vec![order[100]]);
+            let mut tail = vec![0u64; 3];
+            s.order(epoch, 100, &mut tail).unwrap();
+            assert_eq!(&tail[..], &order[100..]);
+        }
+        let seq = Sampler::new(n, b, Mode::Sequential, 0).unwrap();
+        let mut v = vec![0u64; 4];
+        seq.order(9, 99, &mut v).unwrap();
+        assert_eq!(v, vec![99, 100, 101, 102]);
+        assert!(seq.order(0, 100, &mut v).is_err());
+        assert!(seq.order(0, u64::MAX, &mut v).is_err());
+        assert!(Sampler::new(n, b, Mode::Iid, 0).unwrap().order(0, 0, &mut v).is_err());
+    }
 
     #[test]
     fn permutation_is_a_bijection() {

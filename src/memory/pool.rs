@@ -154,6 +154,12 @@ impl Allocator {
         }
     }
 
+    /// An identity for this pool, equal for clones of one allocator (used to share one pool
+    /// again when several pickled views of it are unpickled together).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// The idle-pool bound in bytes.
     pub fn pool_size_bytes(&self) -> usize {
         self.inner.pool_size_bytes

@@ -42,6 +42,14 @@ fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
     Err(PyTypeError::new_err("mode must be a Sampler.Mode or one of 'sequential', 'iid', 'cyclic'"))
 }
 
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Sequential => "sequential",
+        Mode::Iid => "iid",
+        Mode::Cyclic => "cyclic",
+    }
+}
+
 /// A stateless batch sampler. `next()` returns a borrowed uint64 array that the next draw
 /// overwrites; copy it to keep it.
 #[pyclass(name = "Sampler", module = "zrecord")]
@@ -63,8 +71,13 @@ impl PySampler {
     #[pyo3(signature = (n, batch_size, mode, seed = 0))]
     fn new(py: Python<'_>, n: u64, batch_size: usize, mode: &Bound<'_, PyAny>, seed: u64) -> PyResult<Self> {
         let inner = Sampler::new(n, batch_size, mode_arg(mode)?, seed).py_err()?;
+        // The array views a bytearray: it does not own its data, so NumPy refuses to resize it
+        // (even with refcheck=False), and the bytearray cannot be resized while the array
+        // exports it. The address read here therefore stays valid for the sampler's life.
         let np = py.import("numpy")?;
-        let buf = np.call_method1("zeros", (batch_size, "uint64"))?;
+        let bytes = batch_size.checked_mul(8).ok_or_else(|| PyValueError::new_err(format!("batch_size {batch_size} is too large")))?;
+        let raw = pyo3::types::PyByteArray::new_with(py, bytes, |_| Ok(()))?;
+        let buf = np.call_method1("frombuffer", (raw, "uint64"))?;
         let ai = buf.getattr("__array_interface__")?;
         let (ptr, _ro): (usize, bool) = ai.get_item("data")?.extract()?;
         Ok(PySampler { inner, buf: buf.unbind(), ptr })
@@ -74,10 +87,10 @@ impl PySampler {
     fn next(&mut self, py: Python<'_>) -> Py<PyAny> {
         let step = self.inner.step();
         self.inner.seek(step + 1);
-        // SAFETY: `ptr` addresses the `batch_size` uint64 elements of the NumPy array this
-        // sampler owns (`self.buf` keeps it alive; NumPy arrays with references cannot be
-        // resized). No Rust reference into it exists; Python readers see the new batch, which
-        // is the documented borrowed-buffer contract.
+        // SAFETY: `ptr` addresses the `batch_size` uint64 elements of the bytearray behind the
+        // NumPy array this sampler owns (`self.buf` keeps both alive; neither can be resized,
+        // see `new`). `&mut self` excludes other calls on this sampler; Python readers see the
+        // new batch, which is the documented borrowed-buffer contract.
         let out = unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u64, self.inner.batch_size()) };
         self.inner.fill(step, out);
         self.buf.clone_ref(py)
@@ -118,6 +131,38 @@ impl PySampler {
     fn __len__(&self) -> usize {
         self.inner.len() as usize
     }
+    /// The sampling mode: "sequential", "iid" or "cyclic".
+    #[getter]
+    fn mode(&self) -> &'static str {
+        mode_name(self.inner.mode())
+    }
+
+    /// The ids at positions `start..stop` of epoch `epoch`'s order (sequential: the identity;
+    /// cyclic: that cycle's permutation, the one its batches walk). Splits an epoch exactly
+    /// across workers and ranks, remainder included. Iid has no epoch order (ValueError).
+    fn epoch_order<'py>(&self, py: Python<'py>, epoch: u64, start: u64, stop: u64) -> PyResult<Bound<'py, PyAny>> {
+        if stop < start || stop > self.inner.len() {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!("positions {start}..{stop} are outside the {} positions of an epoch", self.inner.len())));
+        }
+        let len = usize::try_from(stop - start).map_err(|_| PyValueError::new_err("range too large"))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(len).map_err(|_| pyo3::exceptions::PyMemoryError::new_err(format!("{len} ids do not fit in memory")))?;
+        out.resize(len, 0u64);
+        let inner = self.inner.clone();
+        let out = py.detach(move || inner.order(epoch, start, &mut out).map(|_| out)).py_err()?;
+        py.import("numpy")?.call_method1("array", (out, "uint64"))
+    }
+
+    /// Pickles as its parameters and current step.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (u64, usize, &'static str, u64), u64)> {
+        let s = &slf.borrow().inner;
+        Ok((slf.get_type().into_any(), (s.len(), s.batch_size(), mode_name(s.mode()), s.seed()), s.step()))
+    }
+
+    fn __setstate__(&mut self, step: u64) {
+        self.inner.seek(step);
+    }
+
     fn __repr__(&self) -> String {
         format!("Sampler(n={}, batch_size={}, mode={:?}, seed={}, step={})", self.inner.len(), self.inner.batch_size(), self.inner.mode(), self.inner.seed(), self.inner.step())
     }

@@ -28,7 +28,7 @@ pub(crate) fn py_dtype(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
 }
 
 /// A CPU placement allocator with a bounded idle pool.
-#[pyclass(name = "Allocator", module = "zrecord", frozen)]
+#[pyclass(name = "Allocator", module = "zrecord", frozen, weakref)]
 pub struct PyAllocator {
     pub(crate) inner: Allocator,
 }
@@ -89,6 +89,13 @@ impl PyAllocator {
 
     fn __repr__(&self) -> String {
         format!("Allocator('cpu', pool_size={})", self.inner.pool_size_bytes())
+    }
+
+    /// Pickles as (device, pool size, pool identity): unpickled in another process it is a
+    /// fresh, empty pool, shared by every view of the same original pool unpickled there.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (usize, u32, &'static str, usize))> {
+        let f = py.import("zrecord._pickle")?.getattr("allocator")?;
+        Ok((f, (self.inner.id(), std::process::id(), "cpu", self.inner.pool_size_bytes())))
     }
 }
 

@@ -173,9 +173,16 @@ impl RecordSource for PythonSource {
 #[pyclass(name = "SourceView", module = "zrecord", frozen)]
 pub struct PySourceView {
     view: SourceView,
+    /// `(callable, args)` that rebuild this view in another process (for pickling), if known.
+    reduce: Option<Py<PyAny>>,
 }
 
 impl PySourceView {
+    /// A view with a known recipe for pickling: `reduce` is a `(callable, args)` tuple.
+    pub(crate) fn with_reduce(view: SourceView, reduce: Option<Py<PyAny>>) -> Self {
+        PySourceView { view, reduce }
+    }
+
     pub(crate) fn view_clone(&self) -> PyResult<SourceView> {
         Ok(self.view.clone())
     }
@@ -223,8 +230,33 @@ impl PySourceView {
     #[new]
     #[pyo3(signature = (source, allocator = None, verify_checksums = true))]
     fn new(source: &Bound<'_, PyAny>, allocator: Option<&PyAllocator>, verify_checksums: bool) -> PyResult<Self> {
+        let py = source.py();
         let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_default();
-        Ok(PySourceView { view: source_view_of(source, &alloc, verify_checksums)? })
+        let view = source_view_of(source, &alloc, verify_checksums)?;
+        let reduce = match source.cast::<PySourceView>() {
+            Ok(v) => v.get().reduce.as_ref().map(|r| r.clone_ref(py)),
+            Err(_) => {
+                let args = (source.clone(), PyAllocator { inner: alloc }, verify_checksums).into_pyobject(py)?;
+                Some((py.get_type::<PySourceView>(), args).into_pyobject(py)?.into_any().unbind())
+            }
+        };
+        Ok(PySourceView { view, reduce })
+    }
+
+    /// Pickles by how it was made: the store, view or Python source it wraps (which must be
+    /// picklable itself), the allocator's pool settings and `verify_checksums`; a dataset
+    /// stream as (root, stream name).
+    fn __reduce__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.reduce {
+            Some(r) => Ok(r.clone_ref(py)),
+            None => Err(PyTypeError::new_err(format!("SourceView '{}' was built in Rust and cannot be pickled", self.view.source().name()))),
+        }
+    }
+
+    /// Whether reads check record checksums.
+    #[getter]
+    fn verify_checksums(&self) -> bool {
+        self.view.options().verify_checksums
     }
 
     fn __len__(&self) -> usize {

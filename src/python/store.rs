@@ -256,9 +256,13 @@ macro_rules! store_class {
                 stats_dict(py, self.store()?.stats())
             }
             /// Check every byte; returns the record count or raises CorruptStoreError.
-            fn verify(&self, py: Python<'_>) -> PyResult<u64> {
+            /// `progress`: None shows a tqdm bar when the check runs over 2 s, True at once,
+            /// False never.
+            #[pyo3(signature = (progress = None))]
+            fn verify(&self, py: Python<'_>, progress: Option<bool>) -> PyResult<u64> {
                 let s = self.store()?.clone();
-                py.detach(move || s.verify()).py_err()
+                let total = s.len();
+                crate::python::progress::run_with_progress(py, progress, Some(total), "verify", "rec", move |report| s.verify_with(report))
             }
             /// Release the store; its views raise from now on.
             fn close(&self) {
@@ -276,6 +280,11 @@ macro_rules! store_class {
             fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
                 self.close();
                 false
+            }
+            /// Pickles as its path; unpickling opens the store again (nothing is mapped across).
+            fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (PathBuf,))> {
+                let path = slf.get().store().map_err(|_| PyValueError::new_err("a closed store cannot be pickled"))?.path().to_path_buf();
+                Ok((slf.get_type().into_any(), (path,)))
             }
         }
     };
@@ -330,7 +339,13 @@ store_class!(PyRaggedStore, RaggedStore, {
 /// Open whichever kind of store is at `path`.
 #[pyfunction]
 pub(crate) fn open(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
-    match py.detach(move || Store::open(&path)).py_err()? {
+    let store = py.detach(move || Store::open(&path)).py_err()?;
+    wrap_store(py, store)
+}
+
+/// An opened store as its Python class.
+pub(crate) fn wrap_store(py: Python<'_>, store: Store) -> PyResult<Py<PyAny>> {
+    match store {
         Store::Dense(s) => Ok(Py::new(py, PyDenseStore::wrap(s))?.into_any()),
         Store::Ragged(s) => Ok(Py::new(py, PyRaggedStore::wrap(s))?.into_any()),
     }
@@ -473,6 +488,26 @@ impl PyDenseView {
 
 #[pymethods]
 impl PyDenseView {
+    /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
+    /// and binds it (views of one allocator share one pool again after unpickling).
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (PathBuf, PyAllocator, bool))> {
+        self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
+        let f = py.import("zrecord._pickle")?.getattr("view")?;
+        Ok((f, (self.view.store().path().to_path_buf(), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
+    }
+
+    /// Whether reads check record checksums.
+    #[getter]
+    fn verify_checksums(&self) -> bool {
+        self.view.verify_checksums()
+    }
+
+    /// The path of the store this view reads.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.view.store().path().to_path_buf()
+    }
+
     fn __len__(&self) -> PyResult<usize> {
         self.flag.check()?;
         Ok(self.view.len() as usize)
@@ -567,6 +602,26 @@ impl PyRaggedView {
 
 #[pymethods]
 impl PyRaggedView {
+    /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
+    /// and binds it (views of one allocator share one pool again after unpickling).
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (PathBuf, PyAllocator, bool))> {
+        self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
+        let f = py.import("zrecord._pickle")?.getattr("view")?;
+        Ok((f, (self.view.store().path().to_path_buf(), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
+    }
+
+    /// Whether reads check record checksums.
+    #[getter]
+    fn verify_checksums(&self) -> bool {
+        self.view.verify_checksums()
+    }
+
+    /// The path of the store this view reads.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.view.store().path().to_path_buf()
+    }
+
     fn __len__(&self) -> PyResult<usize> {
         self.flag.check()?;
         Ok(self.view.len() as usize)
@@ -626,8 +681,8 @@ impl PyRaggedView {
 
 /// Train a zstd dictionary from a view, store, batch, or an iterable of arrays / bytes.
 #[pyfunction]
-#[pyo3(signature = (source, max_size = store::DEFAULT_DICT_SIZE))]
-pub(crate) fn train_dict<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, max_size: usize) -> PyResult<Bound<'py, PyBytes>> {
+#[pyo3(signature = (source, max_size = store::DEFAULT_DICT_SIZE, progress = None))]
+pub(crate) fn train_dict<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, max_size: usize, progress: Option<bool>) -> PyResult<Bound<'py, PyBytes>> {
     let samples: Vec<Vec<u8>> = if let Ok(v) = source.cast::<PyDenseView>() {
         v.get().flag.check()?;
         let v = v.get().view.clone();
@@ -661,7 +716,9 @@ pub(crate) fn train_dict<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, max_s
         }
         out
     };
-    let d = py.detach(move || crate::store::codec::train_dict_from_samples(samples.iter().map(|s| s.as_slice()), max_size)).py_err()?;
+    let d = crate::python::progress::run_with_progress(py, progress, None, "train_dict", "dict", move |_| {
+        crate::store::codec::train_dict_from_samples(samples.iter().map(|s| s.as_slice()), max_size)
+    })?;
     Ok(PyBytes::new(py, &d))
 }
 

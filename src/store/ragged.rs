@@ -248,6 +248,11 @@ impl RaggedView {
         self.verify = on;
     }
 
+    /// Whether reads check record checksums.
+    pub fn verify_checksums(&self) -> bool {
+        self.verify
+    }
+
     /// Whether one gather may use the rayon pool (default true). Loaders with their own worker
     /// threads turn it off: their parallelism is across batches.
     pub fn set_parallel(&mut self, on: bool) {

@@ -1,0 +1,30 @@
+"""Progress bars for long calls (verify, writes, conversion, COPY, dictionary training).
+
+``progress=None`` (the default everywhere) shows a tqdm bar only when tqdm is installed and the
+call runs longer than two seconds; ``progress=True`` shows it at once; ``progress=False`` or the
+environment variable ``ZRECORD_PROGRESS=0`` never shows one. Bars go to stderr."""
+
+from __future__ import annotations
+
+import os
+
+DELAY_SECONDS = 2.0
+
+
+def enabled(progress):
+    if progress is False:
+        return False
+    if progress is None and os.environ.get("ZRECORD_PROGRESS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return True
+
+
+def bar(total, desc, unit="rec", progress=None):
+    """A tqdm bar (or None when progress is off or tqdm is not installed)."""
+    if not enabled(progress):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, delay=0 if progress else DELAY_SECONDS, leave=bool(progress))

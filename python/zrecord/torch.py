@@ -1,0 +1,287 @@
+"""PyTorch adapters: a map-style :class:`Dataset` (one gather per batch through
+``__getitems__``) and an :class:`IterableDataset` over the zrecord :class:`~zrecord.Loader`,
+sharded exactly across DataLoader workers and data-parallel ranks, resumable with
+``state_dict`` / ``load_state_dict`` (the protocol torchdata's ``StatefulDataLoader`` uses).
+
+Batches arrive as torch tensors without a copy (``torch.from_dlpack`` of the pooled batch).
+Ragged streams arrive as :class:`Ragged` (``values``, ``cu_seqlens``, ``shapes`` tensors);
+``utf8`` / ``binary`` streams as lists of ``str`` / ``bytes``.
+
+A source is a store or dataset-root path, a :class:`~zrecord.Dataset`, a store, a view
+(``DenseView`` / ``RaggedView`` / ``SourceView``) or a dict ``{name: view}`` of aligned streams.
+A single store or view yields its batches directly; several streams yield ``{name: batch}``.
+Everything pickles as paths and options, so DataLoader workers (fork or spawn) reopen the
+stores instead of receiving mapped memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+import torch.utils.data as _tud
+
+from . import _zrecord as _z
+from ._sources import ids_of, streams_of
+
+__all__ = ["Dataset", "IterableDataset", "Ragged", "collate", "to_torch"]
+
+class Ragged(NamedTuple):
+    """A batch of variable-shape records as torch tensors: record ``i`` is
+    ``values[cu_seqlens[i]:cu_seqlens[i+1]].reshape(shapes[i])``."""
+
+    values: torch.Tensor
+    cu_seqlens: torch.Tensor
+    shapes: torch.Tensor
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return int(self.cu_seqlens.shape[0]) - 1
+
+    def record(self, i: int) -> torch.Tensor:
+        """Record ``i`` as a tensor of its own shape (a view of ``values``)."""
+        a, b = int(self.cu_seqlens[i]), int(self.cu_seqlens[i + 1])
+        return self.values[a:b].reshape([int(x) for x in self.shapes[i]])
+
+    def to_list(self) -> list[torch.Tensor]:
+        """Every record as a tensor of its own shape (views of ``values``)."""
+        return [self.record(i) for i in range(len(self))]
+
+
+def collate(batch: Any) -> Any:
+    """``collate_fn`` for :class:`Dataset`: ``__getitems__`` already returns the whole batch."""
+    return batch
+
+
+def _text(batch: Any, logical: str) -> list:
+    values = np.from_dlpack(batch.values)
+    offsets = np.from_dlpack(batch.cu_seqlens)
+    raw = values.tobytes()
+    items = [raw[int(offsets[i]):int(offsets[i + 1])] for i in range(len(offsets) - 1)]
+    return [b.decode("utf-8") for b in items] if logical == "utf8" else items
+
+
+def to_torch(batch: Any, logical: str = "tensor") -> Any:
+    """A zrecord batch as torch: ``DLTensor`` -> ``torch.Tensor`` (zero-copy), ``RaggedBatch``
+    -> :class:`Ragged` (zero-copy) or, for ``utf8`` / ``binary`` records, a list of str / bytes."""
+    if isinstance(batch, _z.RaggedBatch):
+        if logical in ("utf8", "binary"):
+            return _text(batch, logical)
+        return Ragged(torch.from_dlpack(batch.values), torch.from_dlpack(batch.cu_seqlens), torch.from_dlpack(batch.shapes))
+    return torch.from_dlpack(batch)
+
+
+def _logical(view: Any) -> str:
+    return getattr(view, "logical", "tensor")
+
+
+class Dataset(_tud.Dataset):
+    """Map-style dataset over a store, view, dataset root or dict of aligned streams.
+
+    ``ds[i]`` is one record (a tensor of its shape, a str for utf8 records, or a dict per stream);
+    ``ds.__getitems__(ids)`` gathers the whole batch in one call per stream, which
+    ``torch.utils.data.DataLoader`` uses when the dataset has it: pass
+    ``collate_fn=zrecord.torch.collate`` (or use :meth:`dataloader`) so the gathered batch is not
+    split and re-stacked. ``transform`` is applied to every item or batch returned.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        streams: list[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        allocator: Any = None,
+        verify_checksums: bool = True,
+    ) -> None:
+        self.streams, self.single = streams_of(source, streams, allocator, verify_checksums)
+        self.transform = transform
+        self._len = len(next(iter(self.streams.values())))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _out(self, parts: dict) -> Any:
+        out = parts["data"] if self.single else parts
+        return self.transform(out) if self.transform is not None else out
+
+    def __getitem__(self, index: int) -> Any:
+        i = int(index)
+        if i < -self._len or i >= self._len:
+            raise IndexError(f"index {index} is out of range for {self._len} records")
+        if i < 0:
+            i += self._len
+        parts = {}
+        for name, view in self.streams.items():
+            logical = _logical(view)
+            b = view.gather([i])
+            if isinstance(b, _z.RaggedBatch):
+                parts[name] = _text(b, logical)[0] if logical in ("utf8", "binary") else to_torch(b).record(0)
+            else:
+                parts[name] = torch.from_dlpack(b)[0]
+        return self._out(parts)
+
+    def __getitems__(self, indices: Any) -> Any:
+        ids = ids_of(indices, self._len)
+        return self._out({name: to_torch(view.gather(ids), _logical(view)) for name, view in self.streams.items()})
+
+    def dataloader(self, batch_size: int, **kwargs: Any) -> _tud.DataLoader:
+        """A ``torch.utils.data.DataLoader`` over this dataset that gathers each batch at once."""
+        kwargs.setdefault("collate_fn", collate)
+        return _tud.DataLoader(self, batch_size=batch_size, **kwargs)
+
+
+def _default_rank() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class IterableDataset(_tud.IterableDataset):
+    """Batches from the zrecord Loader, one epoch per iteration, sharded exactly.
+
+    Every DataLoader worker of every rank is one shard ``s`` of ``S = world_size *
+    num_workers``: each step of the epoch draws one global batch of ``S * batch_size`` ids and
+    shard ``s`` gathers its contiguous slice (the Loader's rank slicing). With ``mode`` "cyclic"
+    (shuffled, a fresh permutation per epoch) or "sequential", an epoch visits every record
+    exactly once across all shards: the ``n % (S * batch_size)`` records after the last full
+    step are split the same way into one short batch per shard (``drop_last=True`` skips them).
+    "iid" draws with replacement, ``ceil(n / (S * batch_size))`` steps per epoch.
+
+    ``set_epoch(e)`` picks the epoch (as with ``DistributedSampler``); ``state_dict()`` /
+    ``load_state_dict()`` resume inside an epoch without repeating or skipping a batch.
+    ``workers`` / ``prefetch`` are the Loader's gather threads per shard. ``rank`` and
+    ``world_size`` default to ``torch.distributed`` when initialised, else ``RANK`` /
+    ``WORLD_SIZE`` from the environment, else 0 / 1.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int,
+        *,
+        mode: str = "cyclic",
+        seed: int = 0,
+        drop_last: bool = False,
+        streams: list[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        workers: int = 2,
+        prefetch: int = 2,
+        allocator: Any = None,
+        verify_checksums: bool = True,
+    ) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if mode not in ("cyclic", "sequential", "iid"):
+            raise ValueError(f"mode must be 'cyclic', 'sequential' or 'iid', got {mode!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        if rank is None:
+            rank, world_size = _default_rank()
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size}")
+        self.streams, self.single = streams_of(source, streams, allocator, verify_checksums)
+        self.n = len(next(iter(self.streams.values())))
+        if self.n == 0:
+            raise ValueError("the source has no records")
+        self.batch_size, self.mode, self.seed, self.drop_last = batch_size, mode, int(seed), bool(drop_last)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.transform, self.workers, self.prefetch = transform, int(workers), int(prefetch)
+        self.epoch = 0
+        self._batches = 0  # batches this shard yielded in the current epoch
+        self._resume: dict | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order for the next iteration (call on every rank)."""
+        self.epoch = int(epoch)
+
+    def _shard(self) -> tuple[int, int]:
+        info = _tud.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.rank * nw + wid, self.world_size * nw
+
+    def _plan(self, shards: int) -> tuple[int, bool]:
+        """(full steps per epoch, whether a remainder step follows)."""
+        g = self.batch_size * shards
+        if self.mode == "iid":
+            return math.ceil(self.n / g), False
+        return self.n // g, (not self.drop_last and self.n % g != 0)
+
+    def batches_per_epoch(self, num_workers: int = 0) -> int:
+        """Batches this rank yields per epoch through a DataLoader with ``num_workers``
+        workers (all its workers together)."""
+        nw = max(1, int(num_workers))
+        shards = self.world_size * nw
+        full, tail = self._plan(shards)
+        r = self.n - full * self.batch_size * shards
+        extra = sum(1 for w in range(nw) if tail and r > (self.rank * nw + w) * self.batch_size)
+        return full * nw + extra
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank: inside a DataLoader worker, for that DataLoader's
+        worker count; elsewhere for ``num_workers=0`` (see :meth:`batches_per_epoch`)."""
+        info = _tud.get_worker_info()
+        return self.batches_per_epoch(info.num_workers if info is not None else 0)
+
+    def state_dict(self) -> dict:
+        """``{"epoch", "batches"}``: this shard's position (per DataLoader worker)."""
+        return {"epoch": self.epoch, "batches": self._batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state`` on the next iteration."""
+        try:
+            epoch, batches = int(state["epoch"]), int(state["batches"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a zrecord IterableDataset state: {state!r}") from e
+        if epoch < 0 or batches < 0:
+            raise ValueError(f"not a zrecord IterableDataset state: {state!r}")
+        self._resume = {"epoch": epoch, "batches": batches}
+
+    def _convert(self, parts: dict) -> Any:
+        out = {name: to_torch(b, _logical(self.streams[name])) for name, b in parts.items()}
+        out = out["data"] if self.single else out
+        return self.transform(out) if self.transform is not None else out
+
+    def __iter__(self):
+        shard, shards = self._shard()
+        if self._resume is not None:
+            self.epoch, start = self._resume["epoch"], self._resume["batches"]
+            self._resume = None
+        else:
+            start = 0
+        full, tail = self._plan(shards)
+        g = self.batch_size * shards
+        self._batches = start
+        if start < full:
+            sampler = _z.Sampler(self.n, g, self.mode, self.seed)
+            sampler.seek((self.epoch * full if self.mode != "sequential" else 0) + start)
+            loader = _z.Loader(
+                {name: [v] for name, v in self.streams.items()},
+                sampler,
+                workers=self.workers,
+                prefetch=self.prefetch,
+                rank=shard,
+                world_size=shards,
+            )
+            try:
+                for _ in range(full - start):
+                    (parts,) = next(loader)
+                    out = self._convert(parts)
+                    self._batches += 1
+                    yield out
+            finally:
+                loader.close()
+        if tail and self._batches <= full:
+            a = full * g + shard * self.batch_size
+            b = min(a + self.batch_size, self.n)
+            if a < b:
+                order = _z.Sampler(self.n, 1, self.mode, self.seed)
+                ids = order.epoch_order(self.epoch, a, b)
+                parts = {name: v.gather(ids) for name, v in self.streams.items()}
+                out = self._convert(parts)
+                self._batches += 1
+                yield out

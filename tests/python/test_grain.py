@@ -1,0 +1,67 @@
+"""zrecord.grain.DataSource as a Grain RandomAccessDataSource: values against NumPy, Grain's
+own MapDataset and DataLoader (with worker processes, which pickle the source)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import zrecord
+from zrecord.grain import DataSource
+
+N = 50
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grain")
+    img = np.arange(N * 4, dtype=np.uint8).reshape(N, 2, 2)
+    with zrecord.DenseWriter(root / "img.zrec", "uint8", (2, 2), "raw") as w:
+        w.append(img)
+    tok = [np.arange(i % 4 + 1, dtype=np.int64) + 100 * i for i in range(N)]
+    with zrecord.RaggedWriter(root / "tok.zrec", "int64", 1, "zstd") as w:
+        w.append(zrecord.RaggedBatch.from_records(tok))
+    zrecord.write_dataset(pa.table({"label": np.arange(N, dtype=np.int32), "name": [f"n{i}" for i in range(N)]}), root / "root")
+    return root, img, tok
+
+
+def test_protocol(data):
+    root, img, tok = data
+    src = DataSource(root / "img.zrec")
+    assert len(src) == N
+    np.testing.assert_array_equal(src[3], img[3])
+    np.testing.assert_array_equal(src[-1], img[-1])
+    got = src.__getitems__([4, 0, 4])
+    assert len(got) == 3 and all(isinstance(g, np.ndarray) for g in got)
+    np.testing.assert_array_equal(np.stack(got), img[[4, 0, 4]])
+    rg = DataSource(root / "tok.zrec")
+    for i, r in zip([7, 2], rg.__getitems__([7, 2])):
+        np.testing.assert_array_equal(r, tok[i])
+    ds = DataSource(root / "root")
+    assert ds[9] == {"label": 9, "name": "n9"}
+    with pytest.raises(IndexError):
+        src[N]
+    with pytest.raises(TypeError):
+        src["3"]
+
+
+def test_with_grain(data):
+    grain = pytest.importorskip("grain")
+    root, img, _ = data
+    src = DataSource(root / "img.zrec")
+    mapped = grain.MapDataset.source(src).shuffle(seed=3).batch(10)
+    seen = np.concatenate([np.asarray(b) for b in mapped])
+    assert seen.shape == (N, 2, 2)
+    assert sorted(map(tuple, seen.reshape(N, 4).tolist())) == sorted(map(tuple, img.reshape(N, 4).tolist()))
+
+    # Grain's worker processes read absl flags; outside absl.app they must be marked parsed.
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()
+    loader = grain.DataLoader(
+        data_source=DataSource(root / "root"),
+        sampler=grain.samplers.IndexSampler(num_records=N, shuffle=True, seed=1, num_epochs=1),
+        worker_count=2,
+    )
+    rows = list(loader)
+    assert sorted(int(r["label"]) for r in rows) == list(range(N))
+    assert all(r["name"] == f"n{int(r['label'])}" for r in rows)
