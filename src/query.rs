@@ -66,7 +66,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 pub use dataset::{Dataset, DatasetWriter, Stream};
 pub use functions::{info_batch, GatherFunction, InfoFunction, LoaderExec, LoaderFunction, LoaderTable};
 pub use rules::UnsignedLiterals;
-pub use sink::{plan_columns, writer_options, ZrecordFormat, ZrecordFormatFactory, ZrecordTableFactory};
+pub use sink::{plan_columns, writer_options, CopyProgress, ZrecordFormat, ZrecordFormatFactory, ZrecordTableFactory};
 pub use table::{Selection, ZrecordScanExec, ZrecordTable, ID_COLUMN};
 
 /// A zrecord error as a DataFusion error (kept whole, so callers can downcast it back); the

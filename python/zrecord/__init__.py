@@ -98,17 +98,18 @@ DenseView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
 RaggedView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
 
 
-def write_dataset(data, path, codec="raw", level=None, data_shards=None, allow_empty=False):
+def write_dataset(data, path, codec="raw", level=None, data_shards=None, allow_empty=False, progress=None):
     """Write any Arrow data (a ``pyarrow.Table`` or ``RecordBatchReader``, a polars
     ``DataFrame``, a Hugging Face ``Dataset``'s ``.data.table``, anything with
     ``__arrow_c_stream__``) as a new dataset root at ``path``: one stream per column, the same
     type mapping as ``COPY ... STORED AS ZRECORD``, streamed batch by batch (the input is never
-    collected in memory) and published atomically. Returns the record count."""
+    collected in memory) and published atomically. Returns the record count. ``progress``: None
+    shows a tqdm bar when the write runs over 2 s (tqdm installed), True at once, False never."""
     kwargs = {"codec": str(codec), "allow_empty": bool(allow_empty)}
     if level is not None:
         kwargs["level"] = int(level)
     if data_shards is not None:
         kwargs["data_shards"] = int(data_shards)
     with DatasetWriter(path, **kwargs) as w:
-        w.write(data)
+        w.write(data, progress=progress)
     return len(w)

@@ -121,12 +121,11 @@ class _Progress:
         if callable(progress):
             self.callback = progress
         elif progress:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError:
-                tqdm = None
-            if tqdm is not None:
-                self.bar = tqdm(total=total, unit="rows", unit_scale=True, desc="convert", smoothing=0.1)
+            from . import _progress
+
+            # progress=True (the default here) still honours ZRECORD_PROGRESS=0.
+            if _progress.enabled(None):
+                self.bar = _progress.bar(total, "convert", "rows", True)
 
     def update(self, rows, nbytes):
         if self.callback is not None:

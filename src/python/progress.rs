@@ -4,7 +4,7 @@
 //! `progress=True`, never with `progress=False` or `ZRECORD_PROGRESS=0`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -12,25 +12,25 @@ use pyo3::prelude::*;
 use crate::error::Result;
 use crate::python::errors::IntoPy;
 
-/// Run `work(report)` with a progress bar of `total` units; `report(done)` takes the absolute
-/// count done so far (callable from any thread).
+/// Run `work(done)` with a progress bar of `total` units; `work` stores the absolute count done
+/// so far in `done` (from any thread; `fetch_max` keeps it monotone).
 pub(crate) fn run_with_progress<T: Send>(
     py: Python<'_>,
     progress: Option<bool>,
     total: Option<u64>,
     desc: &str,
     unit: &str,
-    work: impl FnOnce(&(dyn Fn(u64) + Sync)) -> Result<T> + Send,
+    work: impl FnOnce(Arc<AtomicU64>) -> Result<T> + Send,
 ) -> PyResult<T> {
     let bar = py.import("zrecord._progress")?.call_method1("bar", (total, desc, unit, progress))?;
     if bar.is_none() {
-        return py.detach(move || work(&|_| {})).py_err();
+        return py.detach(move || work(Arc::new(AtomicU64::new(0)))).py_err();
     }
-    let done = AtomicU64::new(0);
+    let done = Arc::new(AtomicU64::new(0));
     let finished_flag = (Mutex::new(false), Condvar::new());
     let mut shown = 0u64;
     let result = std::thread::scope(|scope| -> PyResult<Result<T>> {
-        let (done_ref, flag_ref) = (&done, &finished_flag);
+        let (worker_done, flag_ref) = (done.clone(), &finished_flag);
         let handle = scope.spawn(move || {
             // Set the flag even if `work` panics, so the waiting loop ends.
             struct Finish<'a>(&'a (Mutex<bool>, Condvar));
@@ -41,9 +41,7 @@ pub(crate) fn run_with_progress<T: Send>(
                 }
             }
             let _finish = Finish(flag_ref);
-            work(&|d| {
-                done_ref.fetch_max(d, Ordering::Relaxed);
-            })
+            work(worker_done)
         });
         loop {
             let finished = py.detach(|| {

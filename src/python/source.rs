@@ -370,8 +370,9 @@ impl PyDatasetWriter {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn append_reader(&self, py: Python<'_>, reader: Box<dyn RecordBatchReader + Send>) -> PyResult<u64> {
-        py.detach(|| {
+    /// The append itself; runs without the GIL (a Python-backed reader takes it per batch).
+    fn append_reader_detached(&self, reader: Box<dyn RecordBatchReader + Send>) -> Result<u64> {
+        {
             let mut state = self.lock();
             if matches!(*state, WriterState::Empty) {
                 *state = WriterState::Open(DatasetWriter::for_schema(&self.path, &reader.schema(), self.options.clone())?);
@@ -384,8 +385,30 @@ impl PyDatasetWriter {
                 *state = WriterState::Closed;
             }
             r
-        })
-        .py_err()
+        }
+    }
+}
+
+/// A reader that counts the rows passing through into `done` (progress display).
+struct CountingReader {
+    inner: Box<dyn RecordBatchReader + Send>,
+    done: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Iterator for CountingReader {
+    type Item = std::result::Result<arrow_array::RecordBatch, arrow_schema::ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let b = self.inner.next();
+        if let Some(Ok(batch)) = &b {
+            self.done.fetch_add(batch.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        b
+    }
+}
+
+impl RecordBatchReader for CountingReader {
+    fn schema(&self) -> arrow_schema::SchemaRef {
+        self.inner.schema()
     }
 }
 
@@ -407,9 +430,15 @@ impl PyDatasetWriter {
 
     /// Append Arrow data (anything with `__arrow_c_stream__` or `__arrow_c_array__`), one
     /// record batch at a time. Returns the rows written by this call.
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u64> {
+    /// `progress`: None shows a tqdm bar of rows when the write runs over 2 s, True at once,
+    /// False never.
+    #[pyo3(signature = (data, progress = None))]
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, progress: Option<bool>) -> PyResult<u64> {
+        let total: Option<u64> = data.getattr("num_rows").ok().and_then(|n| n.extract().ok());
         let reader = arrow_reader(data, "DatasetWriter.write")?;
-        self.append_reader(py, reader)
+        crate::python::progress::run_with_progress(py, progress, total, "write", "rows", move |done| {
+            self.append_reader_detached(Box::new(CountingReader { inner: reader, done }))
+        })
     }
 
     /// Records written per stream.

@@ -116,11 +116,27 @@ impl PySessionContext {
 
     /// Plan `query`. Statements (CREATE, COPY, INSERT, ...) run now; queries run when their
     /// result is read (`to_arrow()`, `to_polars()`, `__arrow_c_stream__`).
-    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PyQueryResult> {
+    ///
+    /// `progress` (COPY ... STORED AS ZRECORD): None shows a tqdm bar of rows written when the
+    /// statement runs over 2 s, True at once, False never.
+    #[pyo3(signature = (query, progress = None))]
+    fn sql(&self, py: Python<'_>, query: &str, progress: Option<bool>) -> PyResult<PyQueryResult> {
         let ctx = self.ctx.clone();
         let query = query.to_string();
         let df = py.detach(|| runtime().block_on(ctx.sql(&query))).map_err(df_to_py)?;
-        let eager = matches!(df.logical_plan(), LogicalPlan::Copy(_) | LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Statement(_));
+        if matches!(df.logical_plan(), LogicalPlan::Copy(_)) {
+            let schema: SchemaRef = df.schema().inner().clone();
+            let (state, plan) = df.into_parts();
+            let batches = crate::python::progress::run_with_progress(py, progress, None, "COPY", "rows", move |done| {
+                let counter = Arc::new(crate::query::CopyProgress { rows: done });
+                let config = state.config().clone().with_extension(counter);
+                let state = datafusion::execution::SessionStateBuilder::new_from_existing(state).with_config(config).build();
+                let out = runtime().block_on(DataFrame::new(state, plan).collect()).map_err(crate::error::Error::from)?;
+                Ok(out)
+            })?;
+            return Ok(PyQueryResult { df: None, done: Some((schema, batches)) });
+        }
+        let eager = matches!(df.logical_plan(), LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Statement(_));
         if eager {
             let schema: SchemaRef = df.schema().inner().clone();
             let batches = py.detach(|| runtime().block_on(df.collect())).map_err(df_to_py)?;

@@ -262,7 +262,11 @@ macro_rules! store_class {
             fn verify(&self, py: Python<'_>, progress: Option<bool>) -> PyResult<u64> {
                 let s = self.store()?.clone();
                 let total = s.len();
-                crate::python::progress::run_with_progress(py, progress, Some(total), "verify", "rec", move |report| s.verify_with(report))
+                crate::python::progress::run_with_progress(py, progress, Some(total), "verify", "rec", move |done| {
+                    s.verify_with(&|d| {
+                        done.fetch_max(d, std::sync::atomic::Ordering::Relaxed);
+                    })
+                })
             }
             /// Release the store; its views raise from now on.
             fn close(&self) {

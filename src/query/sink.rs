@@ -240,7 +240,8 @@ impl DataSink for ZrecordSink {
         &self.schema
     }
 
-    async fn write_all(&self, mut data: SendableRecordBatchStream, _context: &Arc<TaskContext>) -> DfResult<u64> {
+    async fn write_all(&self, mut data: SendableRecordBatchStream, context: &Arc<TaskContext>) -> DfResult<u64> {
+        let progress = context.session_config().get_extension::<CopyProgress>();
         let keep: Vec<usize> = data.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != ID_COLUMN).map(|(i, _)| i).collect();
         let mut writer = DatasetWriter::create(&self.path, &self.columns, self.options.clone())?;
         while let Some(batch) = data.next().await {
@@ -248,11 +249,23 @@ impl DataSink for ZrecordSink {
             // CPU work inline, as DataFusion's own operators do; encoding and writing run on
             // the writer's shard threads.
             writer.append(&batch)?;
+            if let Some(p) = &progress {
+                p.rows.store(writer.len(), std::sync::atomic::Ordering::Relaxed);
+            }
         }
         let n = writer.len();
         writer.finish()?;
         Ok(n)
     }
+}
+
+/// Rows a `COPY ... STORED AS ZRECORD` has written so far, for a progress display: put one in
+/// the session config of the statement (`SessionConfig::with_extension`) and read it while the
+/// statement runs.
+#[derive(Debug, Default)]
+pub struct CopyProgress {
+    /// Records appended to every stream so far.
+    pub rows: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// `CREATE EXTERNAL TABLE t STORED AS ZRECORD LOCATION 'path'`.

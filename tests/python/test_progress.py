@@ -1,0 +1,61 @@
+"""Progress feedback: tqdm bars on stderr for long verify / write / COPY / convert / train_dict,
+shown at once with progress=True, after the delay with progress=None, never with False or
+ZRECORD_PROGRESS=0."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import zrecord
+import zrecord._progress
+
+pytest.importorskip("tqdm")
+
+N = 500
+
+
+@pytest.fixture()
+def table():
+    return pa.table({"x": np.arange(N, dtype=np.int64), "y": np.arange(N, dtype=np.float32) / 2})
+
+
+def test_write_and_verify_show_bars(tmp_path, table, capsys):
+    assert zrecord.write_dataset(table, tmp_path / "root", progress=True) == N
+    err = capsys.readouterr().err
+    assert "write" in err and "100%" in err and f"{N}/{N}" in err
+    s = zrecord.Dataset(tmp_path / "root")["x"]
+    assert s.verify(progress=True) == N
+    err = capsys.readouterr().err
+    assert "verify" in err and "100%" in err
+    assert s.verify(progress=False) == N
+    assert capsys.readouterr().err == ""
+
+
+def test_default_shows_only_long_calls(tmp_path, table, capsys, monkeypatch):
+    # The default (None) waits DELAY_SECONDS before drawing: a short call prints nothing ...
+    zrecord.write_dataset(table, tmp_path / "a")
+    assert capsys.readouterr().err == ""
+    # ... and a call that outlasts the delay draws the bar (a zero delay stands in for a long write).
+    monkeypatch.setattr(zrecord._progress, "DELAY_SECONDS", 0)
+    zrecord.write_dataset(table, tmp_path / "b")
+    assert "write" in capsys.readouterr().err
+    # ZRECORD_PROGRESS=0 turns the default off.
+    monkeypatch.setenv("ZRECORD_PROGRESS", "0")
+    zrecord.write_dataset(table, tmp_path / "c")
+    assert capsys.readouterr().err == ""
+
+
+def test_copy_and_train_dict_and_convert(tmp_path, table, capsys):
+    ctx = zrecord.SessionContext()
+    ctx.register_arrow("t", table)
+    out = pa.table(ctx.sql(f"COPY t TO '{tmp_path / 'copy'}' STORED AS ZRECORD", progress=True))
+    assert out.column(0).to_pylist() == [N]
+    err = capsys.readouterr().err
+    assert "COPY" in err and f"{N}" in err
+    samples = [np.full(64, i % 7, dtype=np.uint8).tobytes() + bytes([i % 251]) * 64 for i in range(200)]
+    assert len(zrecord.train_dict(samples, 1024, progress=True)) > 0
+    assert "train_dict" in capsys.readouterr().err
+    zrecord.convert(table, tmp_path / "conv", codec="raw")
+    err = capsys.readouterr().err
+    assert "convert" in err and "100%" in err
+    assert zrecord.Dataset(tmp_path / "conv").streams == ["x", "y"]
