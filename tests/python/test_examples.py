@@ -27,3 +27,27 @@ def test_convert_hf_example_converts_and_learns(tmp_path):
     assert report["rows"] == pq_report["rows"] == len(ds)
     assert meta["metadata"]["huggingface"]["class_labels"] == {"label": ["dark", "bright"]}
     assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_train_torch_example_learns_with_exact_epochs(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch")
+    losses, seen = _load("train_torch").train(str(tmp_path), epochs=2)
+    assert seen == [4096, 4096]
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
+
+
+def test_train_jax_example_learns(tmp_path):
+    import pytest
+
+    pytest.importorskip("jax")
+    losses = _load("train_jax").train(str(tmp_path), steps=150)
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
