@@ -1,3 +1,5 @@
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -77,12 +79,19 @@ def test_torch_from_dlpack(stores, alloc):
     assert torch.from_dlpack(b.cu_seqlens).tolist() == [0, 1]
 
 
-def test_jax_from_dlpack(stores, alloc):
-    jax = pytest.importorskip("jax")
+def test_jax_from_dlpack(stores):
+    pytest.importorskip("jax")
     path, dense, _, _ = stores
-    t = zrecord.DenseStore(path / "d").bind(alloc)[[0, 5]]
-    x = jax.dlpack.from_dlpack(t)
-    np.testing.assert_array_equal(np.asarray(x), dense[[0, 5]])
+    # In a child interpreter: JAX starts threads at import, and a later fork() in this process
+    # (torch DataLoader workers, multiprocessing tests) would copy a process with them running.
+    code = f"""
+import jax, numpy as np, zrecord
+t = zrecord.DenseStore({str(path / "d")!r}).bind(zrecord.Allocator())[[0, 5]]
+x = jax.dlpack.from_dlpack(t)
+np.save({str(path / "out.npy")!r}, np.asarray(x))
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    np.testing.assert_array_equal(np.load(path / "out.npy"), dense[[0, 5]])
 
 
 def test_threads_gather_in_parallel(stores):

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The Python half of the test suite (scripts/test.sh runs it last): build the abi3 wheel, check
+# its manylinux tag, install it with its extras into a venv made fresh for this run, and run the
+# pytest suite (tests/python, including the docs' code blocks) against the installed wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+echo "== Python package: build the abi3 wheel (dev profile, shared target dir), check it, install it into a fresh venv, pytest there"
+PY="${PYTHON:-python3}"
+# Build tools live in a cached venv; the tests run in a venv made fresh for this run.
+TOOLS="${ZRECORD_VENV:-$HOME/.cache/zrecord-venv}"
+if [ ! -x "$TOOLS/bin/python" ]; then
+  "$PY" -m venv "$TOOLS"
+fi
+"$TOOLS/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9,<2" auditwheel
+DIST="$CARGO_TARGET_DIR/wheels-test"
+rm -rf "$DIST"
+VIRTUAL_ENV="$TOOLS" PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/maturin" build --locked --quiet --features python --out "$DIST" 2>&1 | tail -3
+WHEEL=$(ls "$DIST"/zrecord-*.whl)
+echo "wheel: $(basename "$WHEEL")"
+case "$(basename "$WHEEL")" in
+  *-abi3-manylinux*) ;;
+  *) echo "expected an abi3 manylinux wheel, got $(basename "$WHEEL")"; exit 1 ;;
+esac
+"$TOOLS/bin/auditwheel" show "$WHEEL" | head -4
+
+TESTVENV="$(mktemp -d "${TMPDIR:-/tmp}/zrecord-wheel-test.XXXXXX")"
+trap 'rm -rf "$TESTVENV"' EXIT
+"$PY" -m venv "$TESTVENV/venv"
+TPY="$TESTVENV/venv/bin/python"
+# The wheel with its extras: test tools (pytest, pyarrow, polars, ml_dtypes, tqdm, mkdocs), Hugging
+# Face conversion (datasets, Pillow), the datafusion package for the FFI table test.
+"$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[test,hf,sql]"
+# Framework adapters: the PyPI torch wheel brings the CUDA libraries (~5 GB installed, ~1 min
+# from PyPI here); each is optional, and its tests skip (saying so) if it cannot be installed.
+"$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[torch]" || echo "torch not installed: zrecord.torch tests will be skipped"
+"$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[grain]" || echo "grain not installed: its test will be skipped"
+"$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[jax]" || echo "jax not installed: its tests will be skipped"
+# Run from the repository root: `zrecord` must come from the installed wheel, not the source tree.
+"$TPY" -c "import zrecord, sys; assert 'site-packages' in zrecord.__file__, zrecord.__file__; print('testing', zrecord.__file__)"
+# The CLI conversion tests and the docs' shell blocks run the zrec binary `cargo test` built.
+ZREC_BIN="$CARGO_TARGET_DIR/debug/zrec" "$TPY" -m pytest tests/python -q -p no:cacheprovider -rs
+echo "== all tests passed"
