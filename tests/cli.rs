@@ -114,6 +114,12 @@ fn sql_prints_tables_writes_files_and_reports_errors() {
     let out = zrec().arg("info").arg(&root).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("label") && text.contains("float32") && text.contains("10 records per stream"), "{text}");
+    // A readable table: sizes with units, ratios, and a total row summing the streams.
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].split_whitespace().collect::<Vec<_>>().starts_with(&["stream", "kind", "dtype", "shape"]), "{text}");
+    assert!(text.contains(" B ") || text.contains(" B\n") || text.contains("B  "), "{text}");
+    let total = lines.iter().find(|l| l.starts_with("total")).unwrap_or_else(|| panic!("no total row: {text}"));
+    assert!(total.trim_end().ends_with('x'), "{total}");
     let out = zrec().args(["verify", "--quiet"]).arg(&root).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("20 records verified"));
 

@@ -115,19 +115,81 @@ fn human(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", units[u]) }
 }
 
+/// The per-stream info batch as an aligned text table: sizes with units, ratios as `N.NNx`, and
+/// a total row.
+fn info_table(batch: &datafusion::arrow::record_batch::RecordBatch) -> Result<String> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Float64Type, UInt64Type};
+    let col = |name: &str| batch.column_by_name(name).ok_or_else(|| Error::invalid("info", format!("no column {name}")));
+    let text = |name: &str| -> Result<Vec<String>> {
+        let c = col(name)?;
+        let a = c.as_string_opt::<i32>().ok_or_else(|| Error::invalid("info", format!("{name} is not text")))?;
+        Ok((0..a.len()).map(|i| a.value(i).to_string()).collect())
+    };
+    let num = |name: &str| -> Result<Vec<u64>> {
+        let c = col(name)?;
+        let a = c.as_primitive_opt::<UInt64Type>().ok_or_else(|| Error::invalid("info", format!("{name} is not u64")))?;
+        Ok(a.values().to_vec())
+    };
+    let ratio = col("compression_ratio")?.as_primitive_opt::<Float64Type>().map(|a| a.values().to_vec()).unwrap_or_default();
+    let (raw, stored, files, records) = (num("raw_bytes")?, num("stored_bytes")?, num("file_bytes")?, num("records")?);
+    let header = ["stream", "kind", "dtype", "shape", "logical", "codec", "records", "raw", "stored", "on disk", "ratio"];
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let (names, kinds, dtypes, shapes, logicals, codecs) = (text("stream")?, text("kind")?, text("dtype")?, text("shape")?, text("logical")?, text("codec")?);
+    for i in 0..batch.num_rows() {
+        rows.push(vec![
+            names[i].clone(),
+            kinds[i].clone(),
+            dtypes[i].clone(),
+            shapes[i].clone(),
+            logicals[i].clone(),
+            codecs[i].clone(),
+            records[i].to_string(),
+            human(raw[i]),
+            human(stored[i]),
+            human(files[i]),
+            format!("{:.2}x", ratio.get(i).copied().unwrap_or(1.0)),
+        ]);
+    }
+    let (tr, ts): (u64, u64) = (raw.iter().sum(), stored.iter().sum());
+    let total_ratio = if ts == 0 { 1.0 } else { tr as f64 / ts as f64 };
+    let blank = String::new();
+    rows.push(vec!["total".into(), blank.clone(), blank.clone(), blank.clone(), blank.clone(), blank, String::new(), human(tr), human(ts), human(files.iter().sum()), format!("{total_ratio:.2}x")]);
+    let widths: Vec<usize> = (0..header.len()).map(|c| rows.iter().map(|r| r[c].len()).chain([header[c].len()]).max().unwrap_or(0)).collect();
+    let numeric = |c: usize| c >= 6;
+    let line = |cells: Vec<String>| -> String {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(c, v)| if numeric(c) { format!("{v:>w$}", w = widths[c]) } else { format!("{v:<w$}", w = widths[c]) })
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = vec![line(header.iter().map(|h| h.to_string()).collect())];
+    out.push(widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+    let n = rows.len();
+    for (i, r) in rows.into_iter().enumerate() {
+        if i + 1 == n {
+            out.push(widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+        }
+        out.push(line(r));
+    }
+    Ok(out.join("\n"))
+}
+
 fn info(path: PathBuf) -> Result<()> {
     if !path.join(zrecord::store::format::MANIFEST).exists() {
-        // A dataset root: one row per stream.
+        // A dataset root: one row per stream, sizes with units, and a total row.
         let table = ZrecordTable::open(&path)?;
         let batch = zrecord::query::info_batch(&table)?;
-        println!("dataset root {}  ({} records per stream)", path.display(), table.dataset().len());
-        let keep: Vec<usize> = ["stream", "kind", "dtype", "shape", "logical", "codec", "records", "raw_bytes", "stored_bytes", "compression_ratio"]
-            .iter()
-            .filter_map(|c| batch.schema().index_of(c).ok())
-            .collect();
-        let batch = batch.project(&keep)?;
-        let text = pretty_format_batches(&[batch])?;
-        println!("{text}");
+        let ds = table.dataset();
+        println!("dataset root {}  ({} records per stream, {} streams)", path.display(), ds.len(), ds.streams().len());
+        if let Some(src) = ds.metadata().and_then(|m| m.get("source")).and_then(|s| s.get("kind")).and_then(|k| k.as_str()) {
+            println!("converted from {src}");
+        }
+        println!("{}", info_table(&batch)?);
         return Ok(());
     }
     let s = Store::open(&path)?;
