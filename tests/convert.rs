@@ -1,7 +1,7 @@
 //! Dataset conversion from files and Arrow batches: every type rule, Hugging Face features,
 //! dictionary training, errors before publish, and the `zrec convert` command.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::field_reassign_with_default)]
 
 use std::path::Path;
 use std::sync::Arc;

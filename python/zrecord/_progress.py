@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 
 DELAY_SECONDS = 2.0
+# With progress=None, calls whose input is known to be smaller than this never set up a bar
+# (small appends in a loop pay nothing for it).
+MIN_BYTES = 64 << 20
 
 
 def enabled(progress):
@@ -19,9 +22,12 @@ def enabled(progress):
     return True
 
 
-def bar(total, desc, unit="rec", progress=None):
-    """A tqdm bar (or None when progress is off or tqdm is not installed)."""
+def bar(total, desc, unit="rec", progress=None, nbytes=None):
+    """A tqdm bar (or None when progress is off, the work is known to be small, or tqdm is not
+    installed)."""
     if not enabled(progress):
+        return None
+    if progress is None and nbytes is not None and nbytes < MIN_BYTES:
         return None
     try:
         from tqdm.auto import tqdm

@@ -42,6 +42,9 @@ fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
     Err(PyTypeError::new_err("mode must be a Sampler.Mode or one of 'sequential', 'iid', 'cyclic'"))
 }
 
+/// `(Sampler, (n, batch_size, mode, seed), step)`.
+type SamplerReduce<'py> = (Bound<'py, PyAny>, (u64, usize, &'static str, u64), u64);
+
 fn mode_name(m: Mode) -> &'static str {
     match m {
         Mode::Sequential => "sequential",
@@ -154,7 +157,7 @@ impl PySampler {
     }
 
     /// Pickles as its parameters and current step.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (u64, usize, &'static str, u64), u64)> {
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<SamplerReduce<'py>> {
         let s = &slf.borrow().inner;
         Ok((slf.get_type().into_any(), (s.len(), s.batch_size(), mode_name(s.mode()), s.seed()), s.step()))
     }

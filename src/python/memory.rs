@@ -27,6 +27,9 @@ pub(crate) fn py_dtype(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
     Ok(m.call_method1("as_numpy", (d.name(),))?.unbind())
 }
 
+/// `(zrecord._pickle.allocator, (pool id, pid, device, pool size))`.
+type AllocatorReduce<'py> = (Bound<'py, PyAny>, (usize, u32, &'static str, usize));
+
 /// A CPU placement allocator with a bounded idle pool.
 #[pyclass(name = "Allocator", module = "zrecord", frozen, weakref)]
 pub struct PyAllocator {
@@ -93,7 +96,7 @@ impl PyAllocator {
 
     /// Pickles as (device, pool size, pool identity): unpickled in another process it is a
     /// fresh, empty pool, shared by every view of the same original pool unpickled there.
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (usize, u32, &'static str, usize))> {
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<AllocatorReduce<'py>> {
         let f = py.import("zrecord._pickle")?.getattr("allocator")?;
         Ok((f, (self.inner.id(), std::process::id(), "cpu", self.inner.pool_size_bytes())))
     }

@@ -12,17 +12,19 @@ use pyo3::prelude::*;
 use crate::error::Result;
 use crate::python::errors::IntoPy;
 
-/// Run `work(done)` with a progress bar of `total` units; `work` stores the absolute count done
+/// Run `work(done)` with a progress bar of `total` units (`nbytes`: the input size when known;
+/// small inputs get no bar unless asked for); `work` stores the absolute count done
 /// so far in `done` (from any thread; `fetch_max` keeps it monotone).
 pub(crate) fn run_with_progress<T: Send>(
     py: Python<'_>,
     progress: Option<bool>,
     total: Option<u64>,
+    nbytes: Option<u64>,
     desc: &str,
     unit: &str,
     work: impl FnOnce(Arc<AtomicU64>) -> Result<T> + Send,
 ) -> PyResult<T> {
-    let bar = py.import("zrecord._progress")?.call_method1("bar", (total, desc, unit, progress))?;
+    let bar = py.import("zrecord._progress")?.call_method1("bar", (total, desc, unit, progress, nbytes))?;
     if bar.is_none() {
         return py.detach(move || work(Arc::new(AtomicU64::new(0)))).py_err();
     }

@@ -435,8 +435,9 @@ impl PyDatasetWriter {
     #[pyo3(signature = (data, progress = None))]
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>, progress: Option<bool>) -> PyResult<u64> {
         let total: Option<u64> = data.getattr("num_rows").ok().and_then(|n| n.extract().ok());
+        let nbytes: Option<u64> = data.getattr("nbytes").ok().and_then(|n| n.extract().ok());
         let reader = arrow_reader(data, "DatasetWriter.write")?;
-        crate::python::progress::run_with_progress(py, progress, total, "write", "rows", move |done| {
+        crate::python::progress::run_with_progress(py, progress, total, nbytes, "write", "rows", move |done| {
             self.append_reader_detached(Box::new(CountingReader { inner: reader, done }))
         })
     }

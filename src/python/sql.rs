@@ -127,7 +127,7 @@ impl PySessionContext {
         if matches!(df.logical_plan(), LogicalPlan::Copy(_)) {
             let schema: SchemaRef = df.schema().inner().clone();
             let (state, plan) = df.into_parts();
-            let batches = crate::python::progress::run_with_progress(py, progress, None, "COPY", "rows", move |done| {
+            let batches = crate::python::progress::run_with_progress(py, progress, None, None, "COPY", "rows", move |done| {
                 let counter = Arc::new(crate::query::CopyProgress { rows: done });
                 let config = state.config().clone().with_extension(counter);
                 let state = datafusion::execution::SessionStateBuilder::new_from_existing(state).with_config(config).build();

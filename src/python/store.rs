@@ -24,10 +24,6 @@ fn options(codec: &str, dict_bytes: Option<Vec<u8>>, data_shards: usize, level: 
     Ok(WriterOptions { codec, level, data_shards, dictionary: dict_bytes, ..Default::default() })
 }
 
-fn closed_writer() -> PyErr {
-    PyValueError::new_err("writer is closed")
-}
-
 /// The methods both writer classes share: close (publish), abort, len, path, context manager.
 macro_rules! writer_class {
     ($ty:ident, { $($extra:tt)* }) => {
@@ -106,13 +102,20 @@ writer_class!(PyDenseWriter, {
     }
 
     /// Append a C-contiguous batch `(n, *item_shape)` from any DLPack CPU producer.
-    fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// `progress`: None shows a tqdm bar when the append runs over 2 s, True at once, False never.
+    #[pyo3(signature = (batch, progress = None))]
+    fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>, progress: Option<bool>) -> PyResult<()> {
         let imported = Imported::from_any(batch)?;
         let view = imported.view();
-        py.detach(|| {
+        let total = view.shape.first().map(|&n| n as u64);
+        let nbytes = Some(view.bytes.len() as u64);
+        crate::python::progress::run_with_progress(py, progress, total, nbytes, "append", "rec", |done| {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let w = g.as_mut().ok_or_else(closed_writer)?;
-            w.append(&view).map_err(to_py)
+            let w = g.as_mut().ok_or(crate::error::Error::Closed { what: "writer" })?;
+            w.set_progress(Some(done));
+            let r = w.append(&view);
+            w.set_progress(None);
+            r
         })
     }
 
@@ -149,16 +152,23 @@ writer_class!(PyRaggedWriter, {
         Ok(PyRaggedWriter { inner: Mutex::new(Some(w)), path })
     }
 
-    /// Append a `RaggedBatch` (values, int32 cu_seqlens, uint64 shapes).
-    fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Append a `RaggedBatch` (values, int32 cu_seqlens, uint64 shapes). `progress` as for
+    /// `DenseWriter.append`.
+    #[pyo3(signature = (batch, progress = None))]
+    fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>, progress: Option<bool>) -> PyResult<()> {
         let b = batch.cast::<PyRaggedBatch>().map_err(|_| {
             PyTypeError::new_err("RaggedWriter.append takes a RaggedBatch (build one with RaggedBatch(values, cu_seqlens, shapes) or RaggedBatch.from_records)")
         })?;
         b.get().with_input(py, |input| {
-            py.detach(|| {
+            let total = input.shapes.shape.first().map(|&n| n as u64);
+            let nbytes = Some(input.values.bytes.len() as u64);
+            crate::python::progress::run_with_progress(py, progress, total, nbytes, "append", "rec", |done| {
                 let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                let w = g.as_mut().ok_or_else(closed_writer)?;
-                w.append(input).map_err(to_py)
+                let w = g.as_mut().ok_or(crate::error::Error::Closed { what: "writer" })?;
+                w.set_progress(Some(done));
+                let r = w.append(input);
+                w.set_progress(None);
+                r
             })
         })
     }
@@ -262,7 +272,7 @@ macro_rules! store_class {
             fn verify(&self, py: Python<'_>, progress: Option<bool>) -> PyResult<u64> {
                 let s = self.store()?.clone();
                 let total = s.len();
-                crate::python::progress::run_with_progress(py, progress, Some(total), "verify", "rec", move |done| {
+                crate::python::progress::run_with_progress(py, progress, Some(total), Some(s.stats().file_bytes), "verify", "rec", move |done| {
                     s.verify_with(&|d| {
                         done.fetch_max(d, std::sync::atomic::Ordering::Relaxed);
                     })
@@ -720,7 +730,7 @@ pub(crate) fn train_dict<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, max_s
         }
         out
     };
-    let d = crate::python::progress::run_with_progress(py, progress, None, "train_dict", "dict", move |_| {
+    let d = crate::python::progress::run_with_progress(py, progress, None, None, "train_dict", "dict", move |_| {
         crate::store::codec::train_dict_from_samples(samples.iter().map(|s| s.as_slice()), max_size)
     })?;
     Ok(PyBytes::new(py, &d))

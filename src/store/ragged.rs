@@ -74,6 +74,12 @@ impl RaggedWriter {
         })
     }
 
+    /// Report how many records of each later `append` are written (updated per write window)
+    /// into `counter`, for a progress display on another thread; `None` stops reporting.
+    pub fn set_progress(&mut self, counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>) {
+        self.core.set_progress(counter);
+    }
+
     /// Records appended so far.
     pub fn len(&self) -> u64 {
         self.core.count()

@@ -182,6 +182,8 @@ pub(crate) struct WriterCore {
     pending: Vec<IndexEntry>,
     /// Set when an append failed half-way; the writer then refuses to publish.
     failed: Option<String>,
+    /// Records of the running append written so far (updated per window), for progress bars.
+    progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl WriterCore {
@@ -251,6 +253,7 @@ impl WriterCore {
             stored_bytes: 0,
             pending: Vec::new(),
             failed: None,
+            progress: None,
         })
     }
 
@@ -271,6 +274,11 @@ impl WriterCore {
             return Err(Error::invalid("writer", format!("an earlier append failed ({reason}); this writer cannot publish")));
         }
         Ok(())
+    }
+
+    /// Report the records of each later append written so far into `counter` (per window).
+    pub(crate) fn set_progress(&mut self, counter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>) {
+        self.progress = counter;
     }
 
     /// Append `n` validated records; `record(i)` returns record `i` of the input.
@@ -308,6 +316,9 @@ impl WriterCore {
                 self.append_window_compressed(start, end, record)?
             };
             self.finish_window(start, end, bytes, stored, record)?;
+            if let Some(p) = &self.progress {
+                p.store(end as u64, std::sync::atomic::Ordering::Relaxed);
+            }
             start = end;
         }
         Ok(())

@@ -35,8 +35,13 @@ def test_default_shows_only_long_calls(tmp_path, table, capsys, monkeypatch):
     # The default (None) waits DELAY_SECONDS before drawing: a short call prints nothing ...
     zrecord.write_dataset(table, tmp_path / "a")
     assert capsys.readouterr().err == ""
-    # ... and a call that outlasts the delay draws the bar (a zero delay stands in for a long write).
+    # ... and so does a small one even when it is slow: below MIN_BYTES no bar is set up ...
     monkeypatch.setattr(zrecord._progress, "DELAY_SECONDS", 0)
+    zrecord.write_dataset(table, tmp_path / "b0")
+    assert capsys.readouterr().err == ""
+    # ... while a large call that outlasts the delay draws it (zero delay and threshold stand in
+    # for a long write of a large table).
+    monkeypatch.setattr(zrecord._progress, "MIN_BYTES", 0)
     zrecord.write_dataset(table, tmp_path / "b")
     assert "write" in capsys.readouterr().err
     # ZRECORD_PROGRESS=0 turns the default off.
@@ -59,3 +64,20 @@ def test_copy_and_train_dict_and_convert(tmp_path, table, capsys):
     err = capsys.readouterr().err
     assert "convert" in err and "100%" in err
     assert zrecord.Dataset(tmp_path / "conv").streams == ["x", "y"]
+
+
+def test_writer_append_progress_counts_records(tmp_path, capsys):
+    data = np.arange(300_000 * 8, dtype=np.float32).reshape(300_000, 8)
+    with zrecord.DenseWriter(tmp_path / "d.zrec", "float32", (8,), "zstd") as w:
+        w.append(data, progress=True)
+        w.append(data[:10])  # small: no bar
+    err = capsys.readouterr().err
+    # One bar (redrawn in place, one final line): the small append drew none.
+    assert err.count("\n") == 1 and "append" in err and "100%" in err and "300k/300k" in err
+    view = zrecord.open(tmp_path / "d.zrec").bind(zrecord.Allocator())
+    np.testing.assert_array_equal(np.from_dlpack(view[[0, 299_999, 300_009]]), data[[0, 299_999, 9]])
+    recs = [np.arange(i % 5 + 1, dtype=np.int32) for i in range(1000)]
+    with zrecord.RaggedWriter(tmp_path / "r.zrec", "int32", 1, "raw") as w:
+        w.append(zrecord.RaggedBatch.from_records(recs), progress=True)
+    assert "append" in capsys.readouterr().err
+    assert len(zrecord.open(tmp_path / "r.zrec")) == 1000
