@@ -66,4 +66,16 @@ PYEOF
 "$TPY" -c "import zrecord, sys; assert 'site-packages' in zrecord.__file__, zrecord.__file__; print('testing', zrecord.__file__)"
 # The CLI conversion tests and the docs' shell blocks run the zrec binary `cargo test` built.
 ZREC_BIN="$CARGO_TARGET_DIR/debug/zrec" "$TPY" -m pytest tests/python -q -p no:cacheprovider -rs
+
+# abi3: the same wheel on other interpreters (ZRECORD_EXTRA_PYTHONS, a space-separated list of
+# python executables; CI passes the oldest and newest CPython of its machine), core extras only
+# (their torch / HF / Grain / JAX tests skip).
+for XPY in ${ZRECORD_EXTRA_PYTHONS:-}; do
+  [ -x "$XPY" ] || continue
+  XV="$TESTVENV/venv-$("$XPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  echo "== the wheel on $("$XPY" --version)"
+  "$XPY" -m venv "$XV"
+  "$XV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL[test]"
+  ZREC_BIN="$CARGO_TARGET_DIR/debug/zrec" "$XV/bin/python" -m pytest tests/python -q -p no:cacheprovider
+done
 echo "== all tests passed"

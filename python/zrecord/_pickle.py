@@ -3,7 +3,9 @@ mapped memory. Not public API; pickles refer to these names."""
 
 from __future__ import annotations
 
+import os
 import weakref
+from collections import OrderedDict
 
 from ._zrecord import Allocator, Dataset
 from ._zrecord import open as _open
@@ -25,5 +27,25 @@ def view(path, alloc, verify_checksums):
     return _open(path).bind(alloc, verify_checksums=verify_checksums)
 
 
+# Streams of one root unpickled together open the root once: a few recently opened roots are
+# kept, keyed by the identity of their dataset.json (a root published again is opened again).
+_DATASETS_KEPT = 4
+_datasets: "OrderedDict[tuple, Dataset]" = OrderedDict()
+
+
 def dataset_stream(root, name, alloc, verify_checksums):
-    return Dataset(root).view(name, alloc, verify_checksums=verify_checksums)
+    try:
+        st = os.stat(os.path.join(os.fspath(root), "dataset.json"))
+        key = (os.fspath(root), st.st_dev, st.st_ino, st.st_mtime_ns)
+    except OSError:
+        key = None
+    ds = _datasets.get(key) if key is not None else None
+    if ds is None:
+        ds = Dataset(root)
+        if key is not None:
+            _datasets[key] = ds
+            while len(_datasets) > _DATASETS_KEPT:
+                _datasets.popitem(last=False)
+    elif key is not None:
+        _datasets.move_to_end(key)
+    return ds.view(name, alloc, verify_checksums=verify_checksums)

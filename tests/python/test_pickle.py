@@ -139,3 +139,21 @@ def test_epoch_order(stores):
         s.epoch_order(0, 100, 104)
     with pytest.raises(ValueError, match="iid"):
         zrecord.Sampler(10, 2, "iid").epoch_order(0, 0, 2)
+
+
+def test_dataset_streams_unpickle_with_one_open_and_see_a_republished_root(stores, tmp_path):
+    import shutil
+
+    from zrecord import _pickle
+
+    root, _, _ = stores
+    views = zrecord.Dataset(root / "root").bind()
+    blob = pickle.dumps(views)
+    _pickle._datasets.clear()
+    pickle.loads(blob)
+    assert len(_pickle._datasets) == 1  # both streams came from one opened root
+    # The root replaced by a new one at the same path: unpickling opens the new one.
+    shutil.rmtree(root / "root")
+    zrecord.write_dataset(pa.table({"x": np.arange(40, dtype=np.int64) * 5, "s": ["z"] * 40}), root / "root")
+    again = pickle.loads(blob)
+    np.testing.assert_array_equal(np.from_dlpack(again["x"].gather([2])), [10])
