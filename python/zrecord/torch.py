@@ -227,6 +227,13 @@ class IterableDataset(_tud.IterableDataset):
         info = _tud.get_worker_info()
         return self.batches_per_epoch(info.num_workers if info is not None else 0)
 
+    def dataloader(self, num_workers: int = 0, **kwargs: Any) -> _tud.DataLoader:
+        """A ``torch.utils.data.DataLoader`` over this dataset with ``batch_size=None`` (the
+        batches are already formed; the DataLoader's default ``batch_size=1`` would wrap each
+        one in another batch dimension)."""
+        kwargs.setdefault("batch_size", None)
+        return _tud.DataLoader(self, num_workers=num_workers, **kwargs)
+
     def state_dict(self) -> dict:
         """``{"epoch", "batches"}``: this shard's position (per DataLoader worker)."""
         return {"epoch": self.epoch, "batches": self._batches}

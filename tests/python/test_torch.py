@@ -119,6 +119,14 @@ def test_iterable_exact_coverage_over_workers_and_ranks(data, mode, workers, sou
                 assert order != first, "cyclic epochs must be reshuffled"
 
 
+def test_iterable_dataloader_helper(data):
+    root, img, _ = data
+    ds = ztorch.IterableDataset(root / "img.zrec", batch_size=50, mode="sequential", rank=0, world_size=1)
+    batches = list(ds.dataloader(num_workers=0))
+    assert [b.shape[0] for b in batches] == [50, 50, 50, 50, 3]
+    assert torch.equal(torch.cat(batches), torch.from_numpy(img))
+
+
 def test_iterable_drop_last_and_iid(data):
     root, _, _ = data
     ds = ztorch.IterableDataset(root / "img.zrec", batch_size=16, mode="cyclic", drop_last=True, rank=0, world_size=1)
