@@ -441,7 +441,11 @@ fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize)
             eprintln!("{rows} rows written to {}", out.display());
             return Ok(());
         }
-        let batches = df.collect().await.map_err(|e| e.to_string())?;
+        let batches = if matches!(df.logical_plan(), datafusion::logical_expr::LogicalPlan::Copy(_)) {
+            copy_with_progress(df).await?
+        } else {
+            df.collect().await.map_err(|e| e.to_string())?
+        };
         let total: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut shown = Vec::new();
         let mut left = if max_rows == 0 { usize::MAX } else { max_rows };
@@ -467,6 +471,37 @@ fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize)
         }
         Ok(())
     })
+}
+
+/// Run a `COPY ... STORED AS ZRECORD` with a spinner of the rows written so far (from the sink,
+/// through a `CopyProgress` session extension); drawn only on a terminal.
+async fn copy_with_progress(df: datafusion::dataframe::DataFrame) -> std::result::Result<Vec<datafusion::arrow::record_batch::RecordBatch>, String> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let rows = Arc::new(AtomicU64::new(0));
+    let (state, plan) = df.into_parts();
+    let config = state.config().clone().with_extension(Arc::new(zrecord::query::CopyProgress { rows: rows.clone() }));
+    let state = datafusion::execution::SessionStateBuilder::new_from_existing(state).with_config(config).build();
+    let pb = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} COPY {human_pos} rows written ({per_sec}, {elapsed})") {
+        pb.set_style(style);
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let (pb, rows, done) = (pb.clone(), rows.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                pb.set_position(rows.load(Ordering::Relaxed));
+                pb.tick();
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    };
+    let r = datafusion::dataframe::DataFrame::new(state, plan).collect().await;
+    done.store(true, Ordering::Relaxed);
+    let _ = ticker.join();
+    pb.finish_and_clear();
+    r.map_err(|e| e.to_string())
 }
 
 fn count(r: datafusion::error::Result<Vec<datafusion::arrow::record_batch::RecordBatch>>) -> std::result::Result<usize, String> {
