@@ -150,7 +150,9 @@ class IterableDataset(_tud.IterableDataset):
     step are split the same way into one short batch per shard (``drop_last=True`` skips them).
     "iid" draws with replacement, ``ceil(n / (S * batch_size))`` steps per epoch.
 
-    ``set_epoch(e)`` picks the epoch (as with ``DistributedSampler``); ``state_dict()`` /
+    ``set_epoch(e)`` picks the epoch (as with ``DistributedSampler``; with
+    ``persistent_workers=True`` the workers keep the copy they started with, so the call does not
+    reach them: use non-persistent workers to reshuffle per epoch); ``state_dict()`` /
     ``load_state_dict()`` resume inside an epoch without repeating or skipping a batch.
     ``workers`` / ``prefetch`` are the Loader's gather threads per shard. ``rank`` and
     ``world_size`` default to ``torch.distributed`` when initialised, else ``RANK`` /
