@@ -67,3 +67,12 @@ def ids_of(indices: Any, n: int) -> np.ndarray:
             raise IndexError(f"index {int(ids.min())} is out of range for {n} records")
         ids = np.where(ids < 0, ids + n, ids)
     return np.ascontiguousarray(ids, dtype=np.uint64)
+
+
+def text_records(batch: Any, logical: str) -> list:
+    """The records of a ragged uint8 batch of ``utf8`` / ``binary`` records as ``str`` / ``bytes``
+    (one copy of the packed values, then a slice per record)."""
+    raw = np.from_dlpack(batch.values).tobytes()
+    offsets = np.from_dlpack(batch.cu_seqlens).tolist()
+    items = [raw[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    return [b.decode("utf-8") for b in items] if logical == "utf8" else items

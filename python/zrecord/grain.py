@@ -17,21 +17,19 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _zrecord as _z
-from ._sources import streams_of
+from ._sources import streams_of, text_records
 
 __all__ = ["DataSource"]
 
 
 def _records(batch: Any, logical: str) -> list:
     if isinstance(batch, _z.RaggedBatch):
-        values = np.from_dlpack(batch.values)
-        offsets = np.from_dlpack(batch.cu_seqlens)
-        shapes = np.from_dlpack(batch.shapes)
         if logical in ("utf8", "binary"):
-            raw = values.tobytes()
-            items = [raw[int(offsets[i]):int(offsets[i + 1])] for i in range(len(offsets) - 1)]
-            return [b.decode("utf-8") for b in items] if logical == "utf8" else items
-        return [values[int(offsets[i]):int(offsets[i + 1])].reshape(tuple(int(x) for x in shapes[i])) for i in range(len(offsets) - 1)]
+            return text_records(batch, logical)
+        values = np.from_dlpack(batch.values)
+        offsets = np.from_dlpack(batch.cu_seqlens).tolist()
+        shapes = np.from_dlpack(batch.shapes).tolist()
+        return [values[a:b].reshape(shape) for a, b, shape in zip(offsets[:-1], offsets[1:], shapes)]
     return list(np.from_dlpack(batch))
 
 

@@ -20,12 +20,11 @@ import math
 import os
 from typing import Any, Callable, NamedTuple
 
-import numpy as np
 import torch
 import torch.utils.data as _tud
 
 from . import _zrecord as _z
-from ._sources import ids_of, streams_of
+from ._sources import ids_of, streams_of, text_records
 
 __all__ = ["Dataset", "IterableDataset", "Ragged", "collate", "to_torch"]
 
@@ -55,20 +54,12 @@ def collate(batch: Any) -> Any:
     return batch
 
 
-def _text(batch: Any, logical: str) -> list:
-    values = np.from_dlpack(batch.values)
-    offsets = np.from_dlpack(batch.cu_seqlens)
-    raw = values.tobytes()
-    items = [raw[int(offsets[i]):int(offsets[i + 1])] for i in range(len(offsets) - 1)]
-    return [b.decode("utf-8") for b in items] if logical == "utf8" else items
-
-
 def to_torch(batch: Any, logical: str = "tensor") -> Any:
     """A zrecord batch as torch: ``DLTensor`` -> ``torch.Tensor`` (zero-copy), ``RaggedBatch``
     -> :class:`Ragged` (zero-copy) or, for ``utf8`` / ``binary`` records, a list of str / bytes."""
     if isinstance(batch, _z.RaggedBatch):
         if logical in ("utf8", "binary"):
-            return _text(batch, logical)
+            return text_records(batch, logical)
         return Ragged(torch.from_dlpack(batch.values), torch.from_dlpack(batch.cu_seqlens), torch.from_dlpack(batch.shapes))
     return torch.from_dlpack(batch)
 
@@ -118,7 +109,7 @@ class Dataset(_tud.Dataset):
             logical = _logical(view)
             b = view.gather([i])
             if isinstance(b, _z.RaggedBatch):
-                parts[name] = _text(b, logical)[0] if logical in ("utf8", "binary") else to_torch(b).record(0)
+                parts[name] = text_records(b, logical)[0] if logical in ("utf8", "binary") else to_torch(b).record(0)
             else:
                 parts[name] = torch.from_dlpack(b)[0]
         return self._out(parts)
