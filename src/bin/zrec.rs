@@ -479,9 +479,7 @@ async fn copy_with_progress(df: datafusion::dataframe::DataFrame) -> std::result
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     let rows = Arc::new(AtomicU64::new(0));
-    let (state, plan) = df.into_parts();
-    let config = state.config().clone().with_extension(Arc::new(zrecord::query::CopyProgress { rows: rows.clone() }));
-    let state = datafusion::execution::SessionStateBuilder::new_from_existing(state).with_config(config).build();
+    let df = zrecord::query::CopyProgress::attach(df, rows.clone());
     let pb = ProgressBar::new_spinner();
     if let Ok(style) = ProgressStyle::with_template("{spinner} COPY {human_pos} rows written ({per_sec}, {elapsed})") {
         pb.set_style(style);
@@ -497,7 +495,7 @@ async fn copy_with_progress(df: datafusion::dataframe::DataFrame) -> std::result
             }
         })
     };
-    let r = datafusion::dataframe::DataFrame::new(state, plan).collect().await;
+    let r = df.collect().await;
     done.store(true, Ordering::Relaxed);
     let _ = ticker.join();
     pb.finish_and_clear();

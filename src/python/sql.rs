@@ -126,13 +126,9 @@ impl PySessionContext {
         let df = py.detach(|| runtime().block_on(ctx.sql(&query))).map_err(df_to_py)?;
         if matches!(df.logical_plan(), LogicalPlan::Copy(_)) {
             let schema: SchemaRef = df.schema().inner().clone();
-            let (state, plan) = df.into_parts();
             let batches = crate::python::progress::run_with_progress(py, progress, None, None, "COPY", "rows", move |done| {
-                let counter = Arc::new(crate::query::CopyProgress { rows: done });
-                let config = state.config().clone().with_extension(counter);
-                let state = datafusion::execution::SessionStateBuilder::new_from_existing(state).with_config(config).build();
-                let out = runtime().block_on(DataFrame::new(state, plan).collect()).map_err(crate::error::Error::from)?;
-                Ok(out)
+                let df = crate::query::CopyProgress::attach(df, done);
+                runtime().block_on(df.collect()).map_err(crate::error::Error::from)
             })?;
             return Ok(PyQueryResult { df: None, done: Some((schema, batches)) });
         }

@@ -268,6 +268,17 @@ pub struct CopyProgress {
     pub rows: Arc<std::sync::atomic::AtomicU64>,
 }
 
+impl CopyProgress {
+    /// `df` (a COPY plan) with its session config carrying a `CopyProgress` that counts into
+    /// `rows`: collect the returned frame and read `rows` from another thread meanwhile.
+    pub fn attach(df: datafusion::dataframe::DataFrame, rows: Arc<std::sync::atomic::AtomicU64>) -> datafusion::dataframe::DataFrame {
+        let (state, plan) = df.into_parts();
+        let config = state.config().clone().with_extension(Arc::new(CopyProgress { rows }));
+        let state = datafusion::execution::SessionStateBuilder::new_from_existing(state).with_config(config).build();
+        datafusion::dataframe::DataFrame::new(state, plan)
+    }
+}
+
 /// `CREATE EXTERNAL TABLE t STORED AS ZRECORD LOCATION 'path'`.
 #[derive(Debug, Default)]
 pub struct ZrecordTableFactory;
