@@ -162,6 +162,16 @@ pub enum Error {
         /// The size asked for.
         bytes: usize,
     },
+    /// An allocation would take an allocator past its `max_bytes` cap.
+    #[error("allocating {bytes} bytes would exceed the allocator's max_bytes of {max_bytes} ({live} bytes are live)")]
+    MemoryLimit {
+        /// The size asked for.
+        bytes: usize,
+        /// Bytes live in the allocator at the time.
+        live: usize,
+        /// The cap.
+        max_bytes: usize,
+    },
     /// An Arrow error (array construction, casts, IPC), kept whole.
     #[error("Arrow error: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),

@@ -60,8 +60,9 @@ pub mod format;
 mod gather;
 mod ragged;
 pub mod publish;
-mod reader;
+pub(crate) mod reader;
 pub mod selection;
+pub(crate) mod sigbus;
 mod source;
 mod writer;
 

@@ -36,6 +36,7 @@ pub fn sparse_store(path: &std::path::Path, n: u64) {
         ndim: None,
         logical: Default::default(),
         allow_empty: false,
+        checksums_bind_dictionary: false,
         codec: "raw".into(),
         level: 0,
         record_count: n,

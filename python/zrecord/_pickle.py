@@ -14,11 +14,11 @@ from ._zrecord import open as _open
 _allocators: "weakref.WeakValueDictionary[tuple, Allocator]" = weakref.WeakValueDictionary()
 
 
-def allocator(pool_id, pid, device, pool_size):
-    key = (pid, pool_id, device, pool_size)
+def allocator(pool_id, pid, device, pool_size, max_bytes=None):
+    key = (pid, pool_id, device, pool_size, max_bytes)
     a = _allocators.get(key)
     if a is None or a.closed:
-        a = Allocator(device, pool_size)
+        a = Allocator(device, pool_size, max_bytes)
         _allocators[key] = a
     return a
 

@@ -37,6 +37,19 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// List or remove unpublished staging folders (`.NAME.zrecord-tmp-PID-N`) that killed or
+    /// failed writers left in DIR. They never open as stores; only disk space is at stake.
+    Gc {
+        /// The folder the stores were being written into.
+        dir: PathBuf,
+        /// Only list what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also remove folders whose writer process still runs here (for folders written from
+        /// other machines of a shared filesystem, whose process ids mean nothing here).
+        #[arg(long)]
+        all: bool,
+    },
     /// Run SQL (DataFusion) over stores: print an aligned table, or write the result to a file.
     Sql {
         /// The query, e.g. "SELECT _id, label FROM train WHERE _id IN (3, 1)".
@@ -559,6 +572,22 @@ fn tmp_is(root: &std::path::Path) -> bool {
     root.file_name().map(|n| n.to_string_lossy().starts_with("zrec-demo-")).unwrap_or(false) && root.starts_with(std::env::temp_dir())
 }
 
+fn gc(dir: &std::path::Path, dry_run: bool, all: bool) -> zrecord::Result<()> {
+    use zrecord::store::publish::{leftovers, remove_leftovers};
+    let found = if dry_run { leftovers(dir)? } else { remove_leftovers(dir, all)? };
+    let mut total = 0;
+    for l in &found {
+        let state = if l.writer_alive { "writer running" } else { "writer gone" };
+        let verb = if dry_run && (all || !l.writer_alive) { "would remove" } else if dry_run { "kept" } else { "removed" };
+        println!("{verb}: {} (for {}, pid {}, {state}, {} bytes)", l.path.display(), l.dest.display(), l.pid, l.bytes);
+        if verb != "kept" {
+            total += l.bytes;
+        }
+    }
+    println!("{} leftover folder(s), {total} bytes{}", found.len(), if dry_run { " (dry run)" } else { " freed" });
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
@@ -575,6 +604,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Demo { dir, scale } => demo(dir, scale),
+        Command::Gc { dir, dry_run, all } => gc(&dir, dry_run, all),
         Command::Convert { source, root, codec, level, data_shards, columns, train_dict_size, decode_images, image_mode, resize, allow_empty, quiet } => {
             convert(ConvertArgs { source, root, codec, level, data_shards, columns, train_dict_size, decode_images, image_mode, resize, allow_empty, quiet })
         }

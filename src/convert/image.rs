@@ -16,6 +16,9 @@ use rayon::prelude::*;
 use crate::arrow::{fixed_shape_column, variable_shape_column};
 use crate::error::{Error, Result};
 
+/// The largest encoded image file an image column's path may name.
+const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
+
 /// Axis order of decoded pixels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ImageLayout {
@@ -178,9 +181,9 @@ fn encoded_rows<'a>(column: &str, array: &'a dyn Array, base: u64) -> Result<Vec
     (0..n)
         .map(|i| match (get_bytes(i), get_path(i)) {
             (Some(b), _) => Ok(Cow::Borrowed(b)),
-            (None, Some(p)) => std::fs::read(p)
+            (None, Some(p)) => crate::store::bytes::read_bounded(std::path::Path::new(p), MAX_IMAGE_FILE_BYTES)
                 .map(Cow::Owned)
-                .map_err(|e| Error::io(p, e).context(format!("image column '{column}' row {}: no bytes, reading its path", base + i as u64))),
+                .map_err(|e| e.context(format!("image column '{column}' row {}: no bytes, reading its path", base + i as u64))),
             (None, None) => Err(Error::invalid(
                 "column",
                 format!("image column '{column}' has a null at row {}; zrecord stores hold no nulls (filter or fill them first)", base + i as u64),

@@ -42,6 +42,11 @@ enum Ids {
     Draw(Mutex<Box<dyn FnMut() -> Result<Vec<u64>> + Send>>),
 }
 
+/// The most worker threads a loader starts.
+pub const MAX_WORKERS: usize = 256;
+/// The most finished batches a loader keeps ready beyond those being produced.
+pub const MAX_PREFETCH: usize = 1024;
+
 /// Loader options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoaderOptions {
@@ -64,6 +69,8 @@ impl Default for LoaderOptions {
 type Transform<T> = dyn Fn(u64, Vec<PositionBatch>) -> T + Send + Sync;
 
 struct State<T> {
+    /// Bumped by every reposition: results claimed under an older generation are dropped.
+    generation: u64,
     next_claim: u64,
     next_deliver: u64,
     ready: BTreeMap<u64, Result<T>>,
@@ -117,6 +124,7 @@ impl<T> Shared<T> {
             }
             parts.push(PositionBatch { step, position: p, ids: ids.to_vec(), values });
         }
+        let _guard = InTransform::enter(self as *const Self as usize);
         Ok((self.transform)(step, parts))
     }
 
@@ -124,7 +132,7 @@ impl<T> Shared<T> {
         let window = (self.options.workers + self.options.prefetch) as u64;
         let stateless = self.stateless();
         loop {
-            let (step, drawn) = {
+            let (step, drawn, generation) = {
                 let mut st = self.lock();
                 while !st.closed && st.next_claim >= st.next_deliver + window {
                     st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -136,7 +144,7 @@ impl<T> Shared<T> {
                 st.next_claim += 1;
                 // A stateful source must be drawn in step order: draw while claiming.
                 let drawn = if stateless { None } else { Some(self.draw(s)) };
-                (s, drawn)
+                (s, drawn, st.generation)
             };
             let result = match drawn {
                 Some(ids) => ids.and_then(|ids| self.produce(step, ids)),
@@ -145,6 +153,10 @@ impl<T> Shared<T> {
             let mut st = self.lock();
             if st.closed {
                 return;
+            }
+            if st.generation != generation {
+                // Repositioned while this step was produced: the result belongs to no one.
+                continue;
             }
             st.ready.insert(step, result);
             self.cv.notify_all();
@@ -223,10 +235,23 @@ impl<T: Send + 'static> Loader<T> {
         if options.prefetch == 0 {
             return Err(Error::invalid("prefetch", "must be at least 1"));
         }
+        if options.prefetch > MAX_PREFETCH {
+            return Err(Error::invalid("prefetch", format!("{} exceeds the limit of {MAX_PREFETCH} batches in flight", options.prefetch)));
+        }
+        if options.workers > MAX_WORKERS {
+            return Err(Error::invalid("workers", format!("{} exceeds the limit of {MAX_WORKERS} worker threads", options.workers)));
+        }
+        if global_batch > crate::loader::sampler::MAX_BATCH_SIZE {
+            return Err(Error::invalid(
+                "batch_size",
+                format!("{global_batch} exceeds the largest batch a loader draws ({} ids)", crate::loader::sampler::MAX_BATCH_SIZE),
+            ));
+        }
         if options.world_size == 0 || options.rank >= options.world_size {
             return Err(Error::invalid("rank", format!("rank {} is not in 0..{}", options.rank, options.world_size)));
         }
-        if global_batch == 0 || global_batch % (options.world_size * positions) != 0 {
+        let parts = options.world_size.checked_mul(positions).filter(|&p| p <= global_batch.max(1));
+        if global_batch == 0 || parts.is_none_or(|p| global_batch % p != 0) {
             return Err(Error::invalid(
                 "batch_size",
                 format!("the global batch of {global_batch} must divide evenly by world_size {} x {positions} view positions", options.world_size),
@@ -255,7 +280,7 @@ impl<T: Send + 'static> Loader<T> {
                 IdSource::Stateless(s) => Ids::Stateless(s),
                 IdSource::Draw(f) => Ids::Draw(Mutex::new(f)),
             },
-            state: Mutex::new(State { next_claim: 0, next_deliver: 0, ready: BTreeMap::new(), closed: false }),
+            state: Mutex::new(State { generation: 0, next_claim: 0, next_deliver: 0, ready: BTreeMap::new(), closed: false }),
             cv: Condvar::new(),
         });
         let mut l = Loader { shared, threads: Vec::new() };
@@ -279,9 +304,20 @@ impl<T: Send + 'static> Loader<T> {
             st.closed = true;
             self.shared.cv.notify_all();
         }
+        let me = std::thread::current().id();
         for h in self.threads.drain(..) {
-            let _ = h.join();
+            // A worker that ends up dropping its own loader (from its transform) must not wait
+            // for itself: it exits on its own once the transform returns (closed is set).
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
         }
+    }
+
+    /// A handle for reading the position and closing the loader from anywhere, its own
+    /// transform included, without the `&mut` access that `next_step` holds.
+    pub fn handle(&self) -> LoaderHandle {
+        LoaderHandle { shared: self.shared.clone() }
     }
 
     /// The next step's result, in step order. `None` after `close`.
@@ -320,7 +356,11 @@ impl<T: Send + 'static> Loader<T> {
     }
 
     /// Resume from `step` (stops and restarts the workers; nothing is repeated or skipped).
+    /// Refused from inside this loader's own transform (the step being produced would be lost).
     pub fn seek(&mut self, step: u64) -> Result<()> {
+        if InTransform::active(Arc::as_ptr(&self.shared) as usize) {
+            return Err(Error::invalid("step", "a loader cannot be repositioned from inside its own transform"));
+        }
         if !self.shared.stateless() {
             let st = self.shared.lock();
             if st.next_deliver != step {
@@ -333,6 +373,7 @@ impl<T: Send + 'static> Loader<T> {
         {
             let mut st = self.shared.lock();
             st.ready.clear();
+            st.generation += 1;
             st.next_claim = step;
             st.next_deliver = step;
             st.closed = !was_open;
@@ -358,6 +399,89 @@ impl<T: Send + 'static> Loader<T> {
     pub fn in_flight(&self) -> u64 {
         let st = self.shared.lock();
         st.next_claim - st.next_deliver
+    }
+}
+
+/// Position and close access to a [`Loader`] (see [`Loader::handle`]).
+pub struct LoaderHandle {
+    shared: Arc<dyn HandleOps>,
+}
+
+trait HandleOps: Send + Sync {
+    fn state(&self) -> u64;
+    fn signal_close(&self);
+    fn closed(&self) -> bool;
+    fn key(&self) -> usize;
+}
+
+impl<T: Send> HandleOps for Shared<T> {
+    fn state(&self) -> u64 {
+        self.lock().next_deliver
+    }
+    fn signal_close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        st.ready.clear();
+        self.cv.notify_all();
+    }
+    fn closed(&self) -> bool {
+        self.lock().closed
+    }
+    fn key(&self) -> usize {
+        self as *const Self as usize
+    }
+}
+
+impl LoaderHandle {
+    /// The step the next delivered result belongs to.
+    pub fn state(&self) -> u64 {
+        self.shared.state()
+    }
+
+    /// Close without waiting for the workers: every waiting or later `next_step` returns
+    /// `None` and workers exit after their current step. The owner joins them on drop.
+    pub fn close(&self) {
+        self.shared.signal_close();
+    }
+
+    /// True once closed.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed()
+    }
+
+    /// True while the calling thread runs this loader's transform.
+    pub fn in_transform(&self) -> bool {
+        InTransform::active(self.shared.key())
+    }
+}
+
+thread_local! {
+    /// Loaders (by their shared state's address) whose transform this thread is running.
+    static IN_TRANSFORM: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks the current thread as inside a loader's transform until dropped.
+struct InTransform(usize);
+
+impl InTransform {
+    fn enter(key: usize) -> InTransform {
+        IN_TRANSFORM.with(|v| v.borrow_mut().push(key));
+        InTransform(key)
+    }
+
+    fn active(key: usize) -> bool {
+        IN_TRANSFORM.with(|v| v.borrow().contains(&key))
+    }
+}
+
+impl Drop for InTransform {
+    fn drop(&mut self) {
+        IN_TRANSFORM.with(|v| {
+            let mut v = v.borrow_mut();
+            if let Some(i) = v.iter().rposition(|&k| k == self.0) {
+                v.remove(i);
+            }
+        });
     }
 }
 

@@ -110,8 +110,13 @@ pub struct Sampler {
     buf: Vec<u64>,
 }
 
+/// The largest batch a sampler draws: 2^24 ids (128 MiB of ids). Larger requests are typed
+/// errors rather than allocations that abort the process.
+pub const MAX_BATCH_SIZE: usize = 1 << 24;
+
 impl Sampler {
-    /// A sampler of `batch_size` ids from `[0, n)`. `n` may be up to 2^63.
+    /// A sampler of `batch_size` ids from `[0, n)`. `n` may be up to 2^63; `batch_size` up to
+    /// [`MAX_BATCH_SIZE`].
     pub fn new(n: u64, batch_size: usize, mode: Mode, seed: u64) -> Result<Sampler> {
         if n == 0 {
             return Err(Error::invalid("n", "the sampler needs at least one record"));
@@ -121,6 +126,9 @@ impl Sampler {
         }
         if batch_size == 0 {
             return Err(Error::invalid("batch_size", "must be at least 1"));
+        }
+        if batch_size > MAX_BATCH_SIZE {
+            return Err(Error::invalid("batch_size", format!("{batch_size} exceeds the largest batch a sampler draws ({MAX_BATCH_SIZE} ids)")));
         }
         if mode == Mode::Cyclic && batch_size as u64 > n {
             return Err(Error::invalid("batch_size", format!("{batch_size} exceeds the {n} records of one cycle (cyclic mode draws without replacement)")));

@@ -49,6 +49,8 @@ unsafe impl Send for PoolState {}
 
 pub(crate) struct PoolInner {
     pool_size_bytes: usize,
+    /// Hard cap on live bytes (size classes); `usize::MAX` when unlimited.
+    max_bytes: usize,
     state: Mutex<PoolState>,
     live_bytes: AtomicU64,
     reused: AtomicU64,
@@ -143,9 +145,26 @@ impl Default for Allocator {
 impl Allocator {
     /// A CPU allocator keeping at most `pool_size_bytes` idle for reuse (0 disables pooling).
     pub fn cpu(pool_size_bytes: usize) -> Allocator {
+        Allocator::cpu_with_limit(pool_size_bytes, None)
+    }
+
+    /// A CPU allocator whose live allocations never exceed `max_bytes` (counted in size
+    /// classes): a request past the cap fails with [`Error::MemoryLimit`] instead of asking the
+    /// system. `None` is unlimited. Idle pooled regions count toward the cap only while live.
+    ///
+    /// ```
+    /// use zrecord::memory::Allocator;
+    /// let alloc = Allocator::cpu_with_limit(0, Some(1 << 20));
+    /// let a = alloc.allocate(600 << 10).unwrap();
+    /// assert!(alloc.allocate(600 << 10).is_err());
+    /// drop(a);
+    /// assert!(alloc.allocate(600 << 10).is_ok());
+    /// ```
+    pub fn cpu_with_limit(pool_size_bytes: usize, max_bytes: Option<usize>) -> Allocator {
         Allocator {
             inner: Arc::new(PoolInner {
                 pool_size_bytes,
+                max_bytes: max_bytes.unwrap_or(usize::MAX),
                 state: Mutex::new(PoolState { idle: HashMap::new(), idle_bytes: 0, closed: false }),
                 live_bytes: AtomicU64::new(0),
                 reused: AtomicU64::new(0),
@@ -165,6 +184,11 @@ impl Allocator {
         self.inner.pool_size_bytes
     }
 
+    /// The hard cap on live bytes, if any.
+    pub fn max_bytes(&self) -> Option<usize> {
+        (self.inner.max_bytes != usize::MAX).then_some(self.inner.max_bytes)
+    }
+
     /// Take an exclusive region of at least `bytes` bytes (uninitialised).
     pub fn allocate(&self, bytes: usize) -> Result<Allocation> {
         // Past this no size class exists (rounding up would wrap) and no machine has the memory.
@@ -173,6 +197,33 @@ impl Allocator {
         }
         let class = size_class(bytes);
         let layout = layout_for(class)?;
+        if self.inner.max_bytes != usize::MAX {
+            // Reserve first so that concurrent requests cannot pass the cap together.
+            let max = self.inner.max_bytes as u64;
+            let live = self.inner.live_bytes.fetch_add(class as u64, Ordering::Relaxed);
+            if live + class as u64 > max {
+                self.inner.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
+                return Err(Error::MemoryLimit { bytes, live: live as usize, max_bytes: max as usize });
+            }
+        }
+        match self.take(class, layout) {
+            Ok(ptr) => {
+                if self.inner.max_bytes == usize::MAX {
+                    self.inner.live_bytes.fetch_add(class as u64, Ordering::Relaxed);
+                }
+                Ok(Allocation { ptr, class, pool: self.inner.clone() })
+            }
+            Err(e) => {
+                if self.inner.max_bytes != usize::MAX {
+                    self.inner.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A region of exactly `class` bytes: an idle one from the pool or a fresh one.
+    fn take(&self, class: usize, layout: Layout) -> Result<NonNull<u8>> {
         let reused = {
             let mut st = self.inner.lock();
             if st.closed {
@@ -197,8 +248,7 @@ impl Allocator {
                 p
             }
         };
-        self.inner.live_bytes.fetch_add(class as u64, Ordering::Relaxed);
-        Ok(Allocation { ptr, class, pool: self.inner.clone() })
+        Ok(ptr)
     }
 
     /// Stop pooling and free idle regions. Live allocations remain valid; further `allocate`
@@ -342,6 +392,50 @@ mod tests {
         // SAFETY: every byte was just written.
         let s = unsafe { std::slice::from_raw_parts(x.as_ptr(), x.capacity()) };
         assert!(s.iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn max_bytes_caps_live_allocations() {
+        let a = Allocator::cpu_with_limit(1 << 20, Some(1 << 20));
+        assert_eq!(a.max_bytes(), Some(1 << 20));
+        let x = a.allocate(512 << 10).unwrap();
+        let y = a.allocate(512 << 10).unwrap();
+        match a.allocate(1) {
+            Err(Error::MemoryLimit { bytes: 1, live, max_bytes }) => {
+                assert_eq!(live, 1 << 20);
+                assert_eq!(max_bytes, 1 << 20);
+            }
+            other => panic!("expected MemoryLimit, got {other:?}"),
+        }
+        assert_eq!(a.stats().live_bytes, 1 << 20, "a refused request leaves no reservation");
+        drop(x);
+        // The freed region is idle in the pool and reusable under the cap.
+        let z = a.allocate(512 << 10).unwrap();
+        assert_eq!(a.stats().reused, 1);
+        assert!(a.allocate(usize::MAX / 4).is_err());
+        drop((y, z));
+        assert_eq!(a.stats().live_bytes, 0);
+        assert_eq!(Allocator::cpu(0).max_bytes(), None);
+    }
+
+    #[test]
+    fn max_bytes_holds_under_concurrency() {
+        let a = Allocator::cpu_with_limit(0, Some(8 * 4096));
+        let peak = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..500 {
+                        if let Ok(r) = a.allocate(4096) {
+                            peak.fetch_max(a.stats().live_bytes, Ordering::Relaxed);
+                            drop(r);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(Ordering::Relaxed) <= 8 * 4096);
+        assert_eq!(a.stats().live_bytes, 0);
     }
 
     #[test]

@@ -433,7 +433,12 @@ impl<'a> TensorView<'a> {
                 return Err(bad());
             }
             let mut expected: isize = 1;
+            // An empty array addresses no element: its strides are irrelevant.
+            let empty = self.shape.contains(&0);
             for (&dim, &st) in self.shape.iter().zip(strides).rev() {
+                if empty {
+                    break;
+                }
                 if dim > 1 && st != expected {
                     return Err(bad());
                 }
@@ -539,8 +544,11 @@ impl<'a> RaggedInput<'a> {
         if self.cu_seqlens.shape.len() != 1 {
             return Err(Error::ShapeMismatch { expected: "1-D cu_seqlens".into(), found: format!("{:?}", self.cu_seqlens.shape) });
         }
-        let cu = self.cu_seqlens.typed::<i32>("cu_seqlens")?;
-        let shapes = self.shapes.typed::<u64>("shapes")?;
+        // Owned copies, validated and then used: memory the caller shares with other threads
+        // (a Python buffer while the GIL is released) may change after the check, and the
+        // offsets decide which bytes are read.
+        let cu: std::borrow::Cow<'a, [i32]> = std::borrow::Cow::Owned(self.cu_seqlens.typed::<i32>("cu_seqlens")?.into_owned());
+        let shapes: std::borrow::Cow<'a, [u64]> = std::borrow::Cow::Owned(self.shapes.typed::<u64>("shapes")?.into_owned());
         if cu.is_empty() {
             return Err(Error::ragged("cu_seqlens is empty; it needs n + 1 offsets starting at 0"));
         }

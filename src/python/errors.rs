@@ -23,7 +23,7 @@ pub(crate) fn exception(e: &Error, msg: String) -> PyErr {
         Error::AlreadyExists { .. } => PyFileExistsError::new_err(msg),
         Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
         Error::Corrupt { .. } | Error::Codec { .. } | Error::UnsupportedVersion { .. } => CorruptStoreError::new_err(msg),
-        Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
+        Error::OutOfMemory { .. } | Error::MemoryLimit { .. } => PyMemoryError::new_err(msg),
         Error::Context { source, .. } => exception(source, msg),
         Error::DataFusion(_) | Error::Arrow(_) if !std::ptr::eq(e.root(), e) => exception(e.root(), msg),
         Error::Io { source, .. } => PyOSError::new_err((source.raw_os_error().unwrap_or(0), msg)),

@@ -27,7 +27,12 @@ pub(crate) struct Imported<'py> {
     nbytes: usize,
     pub(crate) dtype: DType,
     pub(crate) shape: Vec<usize>,
+    /// Strides in elements, when the producer gave strides that are whole elements.
     pub(crate) strides: Option<Vec<isize>>,
+    /// Strides in bytes as the producer gave them (None: C-contiguous).
+    byte_strides: Option<Vec<isize>>,
+    /// The producer's elements are in the other byte order (array interface `>` typestr).
+    swapped: bool,
     /// Keeps the producer alive: a capsule we must release, our tensor, or the object itself.
     owner: Owner<'py>,
 }
@@ -76,12 +81,76 @@ impl<'py> Imported<'py> {
     }
 
     /// A `TensorView` over the imported memory (strides carried along for validation).
-    pub(crate) fn view(&self) -> TensorView<'_> {
+    /// Input in the other byte order, or with strides that are not whole elements, is refused
+    /// here: its bytes cannot be taken as they are.
+    pub(crate) fn view(&self) -> PyResult<TensorView<'_>> {
+        if self.swapped {
+            return Err(PyTypeError::new_err(format!(
+                "the {} input is in non-native (big-endian) byte order; convert it first, e.g. arr.astype(arr.dtype.newbyteorder('='))",
+                self.dtype
+            )));
+        }
+        if self.strides.is_none() {
+            if let Some(b) = &self.byte_strides {
+                return Err(PyValueError::new_err(format!(
+                    "input strides {b:?} (bytes) are not multiples of the {}-byte item size; make the array contiguous first (np.ascontiguousarray)",
+                    self.dtype.size()
+                )));
+            }
+        }
         let v = TensorView::new(self.bytes(), self.dtype, self.shape.clone());
-        match &self.strides {
+        Ok(match &self.strides {
             Some(s) => v.with_strides(s.clone()),
             None => v,
+        })
+    }
+
+    /// The elements of a 1-D integer array as ids, read once (any strides, either byte
+    /// order), each checked to be in `0..len` (IndexError naming the first bad one).
+    pub(crate) fn index_ids(&self, len: u64) -> PyResult<Vec<u64>> {
+        if self.shape.len() != 1 {
+            return Err(PyValueError::new_err(format!("index arrays must be 1-D, got shape {:?}", self.shape)));
         }
+        let n = self.shape[0];
+        let esize = self.dtype.size();
+        let read: fn([u8; 8], bool) -> i128 = match self.dtype {
+            DType::UInt64 => |b, sw| { let v = u64::from_ne_bytes(b); (if sw { v.swap_bytes() } else { v }) as i128 },
+            DType::Int64 => |b, sw| { let v = i64::from_ne_bytes(b); (if sw { v.swap_bytes() } else { v }) as i128 },
+            DType::UInt32 => |b, sw| { let v = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]); (if sw { v.swap_bytes() } else { v }) as i128 },
+            DType::Int32 => |b, sw| { let v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]); (if sw { v.swap_bytes() } else { v }) as i128 },
+            DType::UInt16 => |b, sw| { let v = u16::from_ne_bytes([b[0], b[1]]); (if sw { v.swap_bytes() } else { v }) as i128 },
+            DType::Int16 => |b, sw| { let v = i16::from_ne_bytes([b[0], b[1]]); (if sw { v.swap_bytes() } else { v }) as i128 },
+            DType::UInt8 => |b, _| b[0] as i128,
+            DType::Int8 => |b, _| b[0] as i8 as i128,
+            other => return Err(PyTypeError::new_err(format!("index arrays must hold integers, got {other}"))),
+        };
+        let stride = match &self.byte_strides {
+            Some(b) => b[0],
+            None => esize as isize,
+        };
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| pyo3::exceptions::PyMemoryError::new_err(format!("{n} ids")))?;
+        if n == 0 {
+            return Ok(out);
+        }
+        if self.bytes_ptr.is_null() {
+            return Err(PyValueError::new_err("index array has a null data pointer"));
+        }
+        for k in 0..n {
+            let mut b = [0u8; 8];
+            // SAFETY: the producer guarantees element `k` of a 1-D array lives at
+            // `data + k * stride` (its stride, in bytes) and holds `esize` readable bytes while we
+            // hold it; each element is copied out once and never read again.
+            unsafe { std::ptr::copy_nonoverlapping(self.bytes_ptr.wrapping_offset(k as isize * stride), b.as_mut_ptr(), esize) };
+            let i = read(b, self.swapped);
+            if i < 0 || i >= len as i128 {
+                return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                    "index {i} out of range for a view of {len} records (indices must be in 0..{len})"
+                )));
+            }
+            out.push(i as u64);
+        }
+        Ok(out)
     }
 
     /// Import from any supported producer.
@@ -94,6 +163,8 @@ impl<'py> Imported<'py> {
                 dtype: t.dtype(),
                 shape: t.shape().to_vec(),
                 strides: None,
+                byte_strides: None,
+                swapped: false,
                 owner: Owner::Tensor(t),
             });
         }
@@ -173,7 +244,7 @@ impl<'py> Imported<'py> {
         let owner = Owner::Capsule { capsule, versioned, managed };
         if dl.device.device_type != 1 && dl.device.device_type != 3 {
             // Dropping an empty import releases the producer's tensor.
-            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], strides: None, owner });
+            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], strides: None, byte_strides: None, swapped: false, owner });
             return Err(PyValueError::new_err(format!("DLPack device type {} is not supported: use CPU memory", dl.device.device_type)));
         }
         let dtype = DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes).py_err()?;
@@ -190,16 +261,18 @@ impl<'py> Imported<'py> {
         for &d in shape_i {
             shape.push(usize::try_from(d).map_err(|_| PyValueError::new_err("negative dimension in DLPack shape"))?);
         }
-        let numel: usize = shape.iter().product();
-        // Non-contiguous memory is never read (append rejects it), so expose no bytes at all.
-        let nbytes = if c_contiguous(&shape, strides.as_deref()) { numel * dtype.size() } else { 0 };
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| PyValueError::new_err(format!("DLPack shape {shape:?} overflows")))?;
+        // Non-contiguous memory is never read as one span (append rejects it), so expose no
+        // bytes at all; index arrays are read element by element through the strides.
+        let nbytes = if c_contiguous(&shape, strides.as_deref()) { numel.checked_mul(dtype.size()).ok_or_else(|| PyValueError::new_err("DLPack tensor size overflows"))? } else { 0 };
+        let byte_strides = strides.as_ref().map(|s| s.iter().map(|&x| x.saturating_mul(dtype.size() as isize)).collect());
         let base = dl.data as *const u8;
         // SAFETY: `byte_offset` is within the producer's allocation per the DLPack contract.
         let bytes_ptr = if base.is_null() { std::ptr::null() } else { unsafe { base.add(dl.byte_offset as usize) } };
         if bytes_ptr.is_null() && nbytes > 0 {
             return Err(PyValueError::new_err("DLPack tensor has a null data pointer"));
         }
-        Ok(Imported { bytes_ptr, nbytes, dtype, shape, strides, owner })
+        Ok(Imported { bytes_ptr, nbytes, dtype, shape, strides, byte_strides, swapped: false, owner })
     }
 
     fn from_array_interface(obj: &Bound<'py, PyAny>, allow_writable: bool) -> PyResult<Imported<'py>> {
@@ -215,6 +288,9 @@ impl<'py> Imported<'py> {
             ));
         }
         let typestr: String = get("typestr")?.extract()?;
+        // The first character is the byte order: '<' little, '>' big, '|' not applicable.
+        let native = if cfg!(target_endian = "little") { '<' } else { '>' };
+        let swapped = matches!(typestr.chars().next(), Some(c @ ('<' | '>')) if c != native);
         let dtype = match DType::from_name(&typestr) {
             Ok(d) => d,
             // Opaque typestrs ('<V2') of extension dtypes: resolve by the dtype's name.
@@ -223,22 +299,37 @@ impl<'py> Imported<'py> {
                 Err(_) => return Err(crate::python::errors::to_py(e)),
             },
         };
+        let swapped = swapped && dtype.size() > 1;
         let shape: Vec<usize> = get("shape")?.extract()?;
         let strides_obj = ai.get_item("strides")?;
-        let strides = match strides_obj {
-            Some(s) if !s.is_none() => {
-                let b: Vec<isize> = s.extract()?;
-                Some(b.iter().map(|x| x / dtype.size() as isize).collect())
-            }
+        let byte_strides: Option<Vec<isize>> = match strides_obj {
+            Some(s) if !s.is_none() => Some(s.extract()?),
             _ => None,
         };
-        let nbytes = if c_contiguous(&shape, strides.as_deref()) { shape.iter().product::<usize>() * dtype.size() } else { 0 };
-        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, strides, owner: Owner::Object(obj.clone()) })
+        if byte_strides.as_ref().is_some_and(|b| b.len() != shape.len()) {
+            return Err(PyValueError::new_err("__array_interface__ strides and shape differ in length"));
+        }
+        let esize = dtype.size() as isize;
+        // Strides that are not whole elements have no element-stride form: the array is then
+        // treated as non-contiguous (never read as one span), not truncated to a wrong stride.
+        let strides = byte_strides.as_ref().and_then(|b| b.iter().map(|&x| (x % esize == 0).then_some(x / esize)).collect::<Option<Vec<isize>>>());
+        let contiguous = match (&byte_strides, &strides) {
+            (None, _) => true,
+            (Some(_), Some(s)) => c_contiguous(&shape, Some(s)),
+            (Some(_), None) => shape.iter().product::<usize>() == 0,
+        };
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| PyValueError::new_err(format!("array shape {shape:?} overflows")))?;
+        let nbytes = if contiguous { numel.checked_mul(dtype.size()).ok_or_else(|| PyValueError::new_err("array size overflows"))? } else { 0 };
+        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, strides, byte_strides, swapped, owner: Owner::Object(obj.clone()) })
     }
 }
 
 fn c_contiguous(shape: &[usize], strides: Option<&[isize]>) -> bool {
     let Some(strides) = strides else { return true };
+    if shape.contains(&0) {
+        // No element is addressed: any strides describe the same (empty) array.
+        return strides.len() == shape.len();
+    }
     let mut expected: isize = 1;
     for (&d, &s) in shape.iter().zip(strides).rev() {
         if d > 1 && s != expected {

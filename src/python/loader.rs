@@ -2,11 +2,11 @@
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 
-use crate::loader::{IdSource, Loader, LoaderOptions, Mode, PositionBatch, Sampler, SourceView};
+use crate::loader::{IdSource, Loader, LoaderHandle, LoaderOptions, Mode, PositionBatch, Sampler, SourceView};
 use crate::store::Batch;
 use crate::python::errors::{to_py, IntoPy};
 use crate::python::input::Imported;
@@ -190,28 +190,21 @@ fn parts_to_py(py: Python<'_>, parts: Vec<PositionBatch>) -> PyResult<Bound<'_, 
 
 fn ids_from_py(obj: &Bound<'_, PyAny>) -> crate::error::Result<Vec<u64>> {
     let im = Imported::from_any(obj).map_err(|e| crate::error::Error::invalid("sampler", format!("next() must return a 1-D integer array: {e}")))?;
-    if im.shape.len() != 1 {
-        return Err(crate::error::Error::invalid("sampler", format!("next() returned shape {:?}, expected 1-D", im.shape)));
+    if !matches!(im.dtype, DType::UInt64 | DType::Int64) {
+        return Err(crate::error::Error::invalid("sampler", format!("next() must return uint64 or int64 ids, got {}", im.dtype)));
     }
-    im.view().check("sampler batch")?;
-    let b = im.bytes();
-    match im.dtype {
-        DType::UInt64 => Ok(b.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).collect()),
-        DType::Int64 => b
-            .chunks_exact(8)
-            .map(|c| {
-                let v = i64::from_ne_bytes(c.try_into().unwrap_or([0; 8]));
-                u64::try_from(v).map_err(|_| crate::error::Error::invalid("sampler", format!("negative id {v}")))
-            })
-            .collect(),
-        other => Err(crate::error::Error::invalid("sampler", format!("next() must return uint64 or int64 ids, got {other}"))),
-    }
+    // Read once into an owned vector (the array may change after this call); ranges are
+    // checked against the streams by the gather.
+    im.index_ids(u64::MAX).map_err(|e| crate::error::Error::invalid("sampler", format!("next() returned unusable ids: {e}")))
 }
 
 /// Endless, deterministic, resumable batches from aligned named streams.
 #[pyclass(name = "Loader", module = "zrecord")]
 pub struct PyLoader {
     inner: Mutex<Option<Loader<StepResult>>>,
+    /// Position / close access that never waits on `inner` (which `__next__` holds while the
+    /// transform runs): a transform may call `state_dict()` or `close()` on its own loader.
+    handle: LoaderHandle,
 }
 
 fn stream_views(streams: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<SourceView>)>> {
@@ -288,7 +281,8 @@ impl PyLoader {
             });
             py.detach(|| Loader::with_draw(views, draw, batch, options, make)).py_err()?
         };
-        Ok(PyLoader { inner: Mutex::new(Some(loader)) })
+        let handle = loader.handle();
+        Ok(PyLoader { inner: Mutex::new(Some(loader)), handle })
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -309,30 +303,44 @@ impl PyLoader {
 
     /// `{"step": n}`: the step the next batch belongs to.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let step = py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.state()));
+        // Without the GIL: a worker drawing from a Python sampler holds the loader's lock while
+        // it waits for the GIL.
+        let (closed, step) = py.detach(|| (self.handle.is_closed(), self.handle.state()));
+        if closed {
+            return Err(PyValueError::new_err("loader is closed"));
+        }
         let d = PyDict::new(py);
-        d.set_item("step", step.ok_or_else(|| PyValueError::new_err("loader is closed"))?)?;
+        d.set_item("step", step)?;
         Ok(d)
     }
 
     /// Resume from a `state_dict()`: no batch repeated or skipped.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let step: u64 = state.get_item("step")?.ok_or_else(|| PyValueError::new_err("state has no 'step'"))?.extract()?;
+        if self.handle.in_transform() {
+            return Err(PyRuntimeError::new_err("load_state_dict() called from inside this loader's own transform; reposition it between batches"));
+        }
         py.detach(|| match self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            Some(l) => l.seek(step).map_err(to_py),
-            None => Err(PyValueError::new_err("loader is closed")),
+            Some(l) if !l.is_closed() => l.seek(step).map_err(to_py),
+            _ => Err(PyValueError::new_err("loader is closed")),
         })
     }
 
-    /// Stop all worker threads (also those blocked on a full queue). Idempotent.
+    /// Stop all worker threads (also those blocked on a full queue). Idempotent. From inside
+    /// the loader's own transform it only marks the loader closed: the batch being made is
+    /// the last, and the threads are joined when the loader is next used or dropped.
     fn close(&self, py: Python<'_>) {
+        py.detach(|| self.handle.close());
+        if self.handle.in_transform() {
+            return;
+        }
         let l = py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
         py.detach(move || drop(l));
     }
 
     #[getter]
-    fn closed(&self) -> bool {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.handle.is_closed())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

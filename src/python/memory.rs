@@ -28,7 +28,7 @@ pub(crate) fn py_dtype(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
 }
 
 /// `(zrecord._pickle.allocator, (pool id, pid, device, pool size))`.
-type AllocatorReduce<'py> = (Bound<'py, PyAny>, (usize, u32, &'static str, usize));
+type AllocatorReduce<'py> = (Bound<'py, PyAny>, (usize, u32, &'static str, usize, Option<usize>));
 
 /// A CPU placement allocator with a bounded idle pool.
 #[pyclass(name = "Allocator", module = "zrecord", frozen, weakref)]
@@ -39,12 +39,18 @@ pub struct PyAllocator {
 #[pymethods]
 impl PyAllocator {
     #[new]
-    #[pyo3(signature = (device = "cpu", pool_size = DEFAULT_POOL_SIZE_BYTES))]
-    fn new(device: &str, pool_size: usize) -> PyResult<Self> {
+    #[pyo3(signature = (device = "cpu", pool_size = DEFAULT_POOL_SIZE_BYTES, max_bytes = None))]
+    fn new(device: &str, pool_size: usize, max_bytes: Option<usize>) -> PyResult<Self> {
         if device != "cpu" {
             return Err(PyValueError::new_err(format!("device '{device}' is not supported; this build places batches on 'cpu'")));
         }
-        Ok(PyAllocator { inner: Allocator::cpu(pool_size) })
+        Ok(PyAllocator { inner: Allocator::cpu_with_limit(pool_size, max_bytes) })
+    }
+
+    /// Hard cap on live bytes (size classes), or None. A batch past it raises MemoryError.
+    #[getter]
+    fn max_bytes(&self) -> Option<usize> {
+        self.inner.max_bytes()
     }
 
     /// `"cpu"`.
@@ -91,14 +97,17 @@ impl PyAllocator {
     }
 
     fn __repr__(&self) -> String {
-        format!("Allocator('cpu', pool_size={})", self.inner.pool_size_bytes())
+        match self.inner.max_bytes() {
+            Some(m) => format!("Allocator('cpu', pool_size={}, max_bytes={m})", self.inner.pool_size_bytes()),
+            None => format!("Allocator('cpu', pool_size={})", self.inner.pool_size_bytes()),
+        }
     }
 
     /// Pickles as (device, pool size, pool identity): unpickled in another process it is a
     /// fresh, empty pool, shared by every view of the same original pool unpickled there.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<AllocatorReduce<'py>> {
         let f = py.import("zrecord._pickle")?.getattr("allocator")?;
-        Ok((f, (self.inner.id(), std::process::id(), "cpu", self.inner.pool_size_bytes())))
+        Ok((f, (self.inner.id(), std::process::id(), "cpu", self.inner.pool_size_bytes(), self.inner.max_bytes())))
     }
 }
 
@@ -287,7 +296,7 @@ impl PyRaggedBatch {
                 let v = Imported::from_any(values.bind(py))?;
                 let c = Imported::from_any(cu_seqlens.bind(py))?;
                 let s = Imported::from_any(shapes.bind(py))?;
-                f(&RaggedInput::new(v.view(), c.view(), s.view()))
+                f(&RaggedInput::new(v.view()?, c.view()?, s.view()?))
             }
         }
     }
@@ -343,7 +352,7 @@ impl PyRaggedBatch {
             if im.shape.len() != ndim {
                 return Err(PyValueError::new_err(format!("record {i} has ndim {}, record 0 has {ndim}", im.shape.len())));
             }
-            let v = im.view();
+            let v = im.view()?;
             v.check(&format!("record {i}")).py_err()?;
             views.push((v, i));
         }

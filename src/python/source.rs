@@ -97,7 +97,7 @@ impl PythonSource {
                         self.name, im.dtype, im.shape, self.dtype
                     )));
                 }
-                let v = im.view();
+                let v = im.view()?;
                 v.check("gathered batch").py_err()?;
                 // A copy: the producer's memory is not ours to keep.
                 let t = Tensor::from_slice(allocator, v.bytes, &[im.bytes().len()]).py_err()?;
@@ -195,7 +195,7 @@ impl PySourceView {
         })
     }
 
-    fn gather_sel(&self, py: Python<'_>, sel: &Selection<'_>) -> PyResult<Batch> {
+    fn gather_sel(&self, py: Python<'_>, sel: &Selection) -> PyResult<Batch> {
         let ids = sel.ids()?;
         py.detach(|| self.view.gather_ids(ids)).py_err()
     }

@@ -106,7 +106,7 @@ writer_class!(PyDenseWriter, {
     #[pyo3(signature = (batch, progress = None))]
     fn append(&self, py: Python<'_>, batch: &Bound<'_, PyAny>, progress: Option<bool>) -> PyResult<()> {
         let imported = Imported::from_any(batch)?;
-        let view = imported.view();
+        let view = imported.view()?;
         let total = view.shape.first().map(|&n| n as u64);
         let nbytes = Some(view.bytes.len() as u64);
         crate::python::progress::run_with_progress(py, progress, total, nbytes, "append", "rec", |done| {
@@ -366,42 +366,42 @@ pub(crate) fn wrap_store(py: Python<'_>, store: Store) -> PyResult<Py<PyAny>> {
 }
 
 /// A parsed index expression.
-pub(crate) enum Selection<'py> {
+pub(crate) enum Selection {
     One(u64),
     List(Vec<u64>),
-    Borrowed(Imported<'py>),
     Range { start: u64, step: i64, len: usize },
 }
 
-impl Selection<'_> {
+impl Selection {
     pub(crate) fn ids(&self) -> PyResult<Ids<'_>> {
         Ok(match self {
             Selection::One(i) => Ids::List(std::slice::from_ref(i)),
             Selection::List(v) => Ids::List(v),
-            Selection::Borrowed(im) => Ids::List(u64_slice(im)?),
             Selection::Range { start, step, len } => Ids::Range { start: *start, step: *step, len: *len },
         })
     }
 }
 
-fn u64_slice<'a>(im: &'a Imported<'_>) -> PyResult<&'a [u64]> {
-    let b = im.bytes();
-    if (b.as_ptr() as usize) % 8 != 0 {
-        return Err(PyValueError::new_err("index array is not 8-byte aligned"));
-    }
-    // SAFETY: aligned, in bounds, u64 is POD; the import keeps the memory alive.
-    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u64>(), b.len() / 8) })
-}
-
 fn index_value(x: &Bound<'_, PyAny>, len: u64) -> PyResult<u64> {
-    let i: i128 = x.extract().map_err(|_| PyTypeError::new_err(format!("indices must be integers, got {}", x.get_type().name().map(|n| n.to_string()).unwrap_or_default())))?;
+    let i: i128 = match x.extract() {
+        Ok(i) => i,
+        // An int too large for 128 bits is still an int: out of range, not the wrong type.
+        Err(_) if x.is_instance_of::<PyInt>() => {
+            let neg = x.lt(0i32)?;
+            return Err(PyIndexError::new_err(format!(
+                "index {} out of range for a view of {len} records (indices must be in 0..{len})",
+                if neg { "below -2^127" } else { "past 2^127" }
+            )));
+        }
+        Err(_) => return Err(PyTypeError::new_err(format!("indices must be integers, got {}", x.get_type().name().map(|n| n.to_string()).unwrap_or_default()))),
+    };
     if i < 0 || i >= len as i128 {
         return Err(PyIndexError::new_err(format!("index {i} out of range for a view of {len} records (indices must be in 0..{len})")));
     }
     Ok(i as u64)
 }
 
-pub(crate) fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Selection<'py>> {
+pub(crate) fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Selection> {
     if key.is_instance_of::<PyInt>() {
         return Ok(Selection::One(index_value(key, len)?));
     }
@@ -426,36 +426,10 @@ pub(crate) fn parse_key<'py>(key: &Bound<'py, PyAny>, len: u64) -> PyResult<Sele
         return Ok(Selection::One(index_value(&i, len)?));
     }
     if key.hasattr("__dlpack__")? || key.hasattr("__array_interface__")? {
-        let im = Imported::from_any(key)?;
-        if im.shape.len() != 1 {
-            return Err(PyValueError::new_err(format!("index arrays must be 1-D, got shape {:?}", im.shape)));
-        }
-        let view = im.view();
-        view.check("index array").py_err()?;
-        let bytes = im.bytes();
-        let ids: Vec<u64> = match im.dtype {
-            DType::UInt64 => {
-                let s = u64_slice(&im)?;
-                if let Some(&bad) = s.iter().find(|&&i| i >= len) {
-                    return Err(PyIndexError::new_err(format!("index {bad} out of range for a view of {len} records")));
-                }
-                return Ok(Selection::Borrowed(im));
-            }
-            DType::Int64 => bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])) as i128).map(|i| check_i(i, len)).collect::<PyResult<_>>()?,
-            DType::Int32 => bytes.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i128).map(|i| check_i(i, len)).collect::<PyResult<_>>()?,
-            DType::UInt32 => bytes.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i128).map(|i| check_i(i, len)).collect::<PyResult<_>>()?,
-            other => return Err(PyTypeError::new_err(format!("index arrays must hold integers (int32/int64/uint32/uint64), got {other}"))),
-        };
-        return Ok(Selection::List(ids));
+        // Copied once and checked: the caller's array may change while the GIL is released.
+        return Ok(Selection::List(Imported::from_any(key)?.index_ids(len)?));
     }
     Err(PyTypeError::new_err(format!("unsupported index type {}", key.get_type().name()?)))
-}
-
-fn check_i(i: i128, len: u64) -> PyResult<u64> {
-    if i < 0 || i >= len as i128 {
-        return Err(PyIndexError::new_err(format!("index {i} out of range for a view of {len} records (indices must be in 0..{len})")));
-    }
-    Ok(i as u64)
 }
 
 /// Iterator over a view's records.
@@ -488,7 +462,7 @@ pub struct PyDenseView {
     flag: OpenFlag,
 }
 
-fn gather_dense(py: Python<'_>, view: &DenseView, sel: &Selection<'_>) -> PyResult<Tensor> {
+fn gather_dense(py: Python<'_>, view: &DenseView, sel: &Selection) -> PyResult<Tensor> {
     let ids = sel.ids()?;
     py.detach(|| view.gather_ids(ids)).py_err()
 }
@@ -602,7 +576,7 @@ pub struct PyRaggedView {
     flag: OpenFlag,
 }
 
-fn gather_ragged(py: Python<'_>, view: &RaggedView, sel: &Selection<'_>) -> PyResult<PyRaggedBatch> {
+fn gather_ragged(py: Python<'_>, view: &RaggedView, sel: &Selection) -> PyResult<PyRaggedBatch> {
     let ids = sel.ids()?;
     Ok(PyRaggedBatch::owned(py.detach(|| view.gather_ids(ids)).py_err()?))
 }

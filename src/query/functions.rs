@@ -96,7 +96,7 @@ impl TableFunctionImpl for GatherFunction {
             ScalarValue::List(l) => ids_from_array(l.values())?,
             ScalarValue::LargeList(l) => ids_from_array(l.values())?,
             ScalarValue::FixedSizeList(l) => ids_from_array(l.values())?,
-            v if v.data_type().is_integer() => vec![int_arg(F, exprs, 1, "ids")?.try_into().map_err(|_| arg_err(F, "ids must be >= 0"))?],
+            v if v.data_type().is_integer() => ids_from_array(&v.to_array()?)?,
             v => return Err(arg_err(F, format!("ids must be a list of integers, got {v}"))),
         };
         Ok(Arc::new(table.gather(ids)?))
@@ -107,14 +107,41 @@ fn ids_from_array(a: &ArrayRef) -> DfResult<Vec<u64>> {
     if a.data_type() == &DataType::Null && a.is_empty() {
         return Ok(Vec::new());
     }
-    if !a.data_type().is_integer() {
-        return Err(arg_err("gather", format!("ids must be integers, got {}", a.data_type())));
-    }
     if a.null_count() > 0 {
         return Err(arg_err("gather", "ids contain NULL"));
     }
+    // Literals past i64 (ids >= 2^63) arrive as decimals of scale 0.
+    if let DataType::Decimal128(_, 0) | DataType::Decimal256(_, 0) = a.data_type() {
+        let c = datafusion::arrow::compute::cast(a, &DataType::Decimal128(38, 0))?;
+        let c = c.as_any().downcast_ref::<arrow_array::Decimal128Array>().ok_or_else(|| arg_err("gather", "ids"))?;
+        return c
+            .values()
+            .iter()
+            .map(|&v| match u64::try_from(v) {
+                Ok(id) => Ok(id),
+                Err(_) if v < 0 => Err(Error::invalid("argument", format!("gather: id {v} is negative")).into()),
+                Err(_) => Err(Error::invalid("argument", format!("gather: id {v} out of range (ids are below 2^64)")).into()),
+            })
+            .collect();
+    }
+    if !a.data_type().is_integer() {
+        return Err(arg_err("gather", format!("ids must be integers, got {}", a.data_type())));
+    }
+    // Widen without loss (unsigned to UInt64, signed to Int64): a narrowing cast would turn
+    // ids >= 2^63 into NULL slots whose value reads as 0, i.e. silently record 0.
+    if a.data_type().is_unsigned_integer() {
+        let c = datafusion::arrow::compute::cast(a, &DataType::UInt64)?;
+        let c = c.as_any().downcast_ref::<UInt64Array>().ok_or_else(|| arg_err("gather", "ids"))?;
+        if c.null_count() > 0 {
+            return Err(arg_err("gather", "ids do not fit in 64 bits"));
+        }
+        return Ok(c.values().to_vec());
+    }
     let c = datafusion::arrow::compute::cast(a, &DataType::Int64)?;
     let c = c.as_any().downcast_ref::<arrow_array::Int64Array>().ok_or_else(|| arg_err("gather", "ids"))?;
+    if c.null_count() > 0 {
+        return Err(arg_err("gather", "ids do not fit in 64 bits"));
+    }
     c.values()
         .iter()
         .map(|&v| u64::try_from(v).map_err(|_| Error::invalid("argument", format!("gather: id {v} is negative")).into()))

@@ -56,7 +56,9 @@ pub fn writer_options(options: &HashMap<String, String>) -> Result<WriterOptions
         }
     }
     if let Some(p) = dict_path {
-        w.dictionary = Some(std::fs::read(&p).map_err(|e| Error::io(&p, e))?);
+        // Bounded like a store's own dictionary: the option names a file, which could be a
+        // FIFO or a symlink to an endless device.
+        w.dictionary = Some(crate::store::bytes::read_bounded(std::path::Path::new(&p), crate::store::reader::MAX_DICTIONARY_BYTES).map_err(|e| e.context(format!("COPY option dictionary '{p}'")))?);
     }
     Ok(w)
 }

@@ -37,6 +37,12 @@ pub trait ByteSource: Send + Sync {
     /// Fill all of `out` with the bytes at `offset..offset + out.len()`; a range past the end
     /// is an [`Error::Corrupt`] naming the file.
     fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()>;
+
+    /// Accesses to this source's mapping that found the file cut short under it (SIGBUS
+    /// contained, see `store::sigbus`). Nonzero means the bytes read can no longer be trusted.
+    fn lost_pages(&self) -> u64 {
+        0
+    }
 }
 
 impl dyn ByteSource + '_ {
@@ -129,6 +135,25 @@ pub(crate) fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
     Ok(Some((f, meta.len())))
 }
 
+/// Read a whole regular file of at most `max_bytes` (a FIFO, a device or a longer file is a
+/// typed error, never a hang or an unbounded read).
+pub(crate) fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(Error::invalid("file", format!("{} is not a regular file", path.display())));
+    }
+    let (f, len) = open_regular(path)?.ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "no such file".into() })?;
+    if len > max_bytes {
+        return Err(Error::invalid("file", format!("{} is {len} bytes, more than the {max_bytes} allowed", path.display())));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    f.take(max_bytes + 1).read_to_end(&mut out).map_err(|e| Error::io(path, e))?;
+    if out.len() as u64 > max_bytes {
+        return Err(Error::invalid("file", format!("{} grew past the {max_bytes} bytes allowed while being read", path.display())));
+    }
+    Ok(out)
+}
+
 /// Open a regular file of the store, checking its size.
 fn open_file(path: &Path, expected_len: u64) -> Result<(File, u64)> {
     let (f, len) = open_regular(path)?.ok_or_else(|| Error::corrupt(path, "file listed in the manifest is missing"))?;
@@ -170,6 +195,8 @@ impl Location for LocalFolder {
 /// A read-only mapping of a whole file (empty files have no mapping).
 pub struct Mapped {
     path: PathBuf,
+    /// Declared before `map`: unregistered before the mapping goes away.
+    guard: crate::store::sigbus::Guard,
     map: Option<Mmap>,
 }
 
@@ -185,7 +212,11 @@ impl Mapped {
             // and every read is bounds-checked against the mapping length.
             Some(unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?)
         };
-        Ok(Mapped { path, map })
+        let guard = match &map {
+            Some(m) => crate::store::sigbus::Guard::register(m.as_ptr(), m.len()),
+            None => crate::store::sigbus::Guard::register(std::ptr::null(), 0),
+        };
+        Ok(Mapped { path, guard, map })
     }
 
     fn bytes(&self) -> &[u8] {
@@ -214,6 +245,10 @@ impl ByteSource for Mapped {
         // SAFETY: `src` and `out` have equal lengths; the mapping and `out` do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.as_mut_ptr().cast::<u8>(), src.len()) };
         Ok(())
+    }
+
+    fn lost_pages(&self) -> u64 {
+        self.guard.faults()
     }
 }
 

@@ -103,6 +103,27 @@ impl Stream {
     }
 }
 
+/// `stream` (a folder named by a dataset root) after resolving symlinks, refused unless it
+/// still lies inside `root`: a symlinked stream must not make a root serve files from
+/// elsewhere (a root is often unpacked from an archive someone else made).
+fn inside_root(root: &Path, stream: &Path, name: &str) -> Result<PathBuf> {
+    let real_root = fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
+    let real = match fs::canonicalize(stream) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::NotFound { path: stream.to_path_buf(), reason: format!("stream '{name}' listed in dataset.json is missing") })
+        }
+        Err(e) => return Err(Error::io(stream, e)),
+    };
+    if real == real_root || !real.starts_with(&real_root) {
+        return Err(Error::corrupt(
+            root.join(DATASET_FILE),
+            format!("stream '{name}' resolves to {} (through a symlink), outside the dataset root {}", real.display(), real_root.display()),
+        ));
+    }
+    Ok(real)
+}
+
 /// Aligned streams with one record count.
 #[derive(Clone, Debug)]
 pub struct Dataset {
@@ -147,7 +168,7 @@ impl Dataset {
                 if e.path.contains("..") || e.path.starts_with('/') {
                     return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
                 }
-                let store = Store::open(path.join(&e.path))?;
+                let store = Store::open(inside_root(path, &path.join(&e.path), &e.name)?)?;
                 // Version-1 stores know no logical type: dataset.json says it. A version-2
                 // store records its own, which must agree.
                 let logical = match (e.logical, store.logical()) {
@@ -170,7 +191,7 @@ impl Dataset {
             dirs.sort();
             let mut streams = Vec::with_capacity(dirs.len());
             for d in dirs {
-                let store = Store::open(&d)?;
+                let store = Store::open(inside_root(path, &d, &store_column_name(&d))?)?;
                 streams.push(Stream::of_store(store_column_name(&d), &store));
             }
             streams

@@ -142,6 +142,12 @@ impl IndexEntry {
     }
 }
 
+/// The key a zstd_dict store mixes into every record's checksum seed: xxh3-64 of the
+/// dictionary bytes (0 when there is no dictionary).
+pub fn dictionary_key(dictionary: Option<&[u8]>) -> u64 {
+    dictionary.map(|d| XxHash3_64::oneshot_with_seed(0x5A52_4443_5444_4943, d) | 1).unwrap_or(0)
+}
+
 /// The checksum seed of record `id` (ragged records also bind their shape row).
 #[inline]
 pub fn record_seed(id: u64, shape: Option<&[u64]>) -> u64 {
@@ -269,6 +275,11 @@ pub struct Manifest {
     /// Ragged records may be empty (version 2, writer opt-in).
     #[serde(default, skip_serializing_if = "is_false")]
     pub allow_empty: bool,
+    /// zstd_dict: record checksums are seeded with the dictionary's xxh3 as well (see
+    /// [`dictionary_key`]), so records checked against another dictionary fail instead of
+    /// decoding to different bytes. Absent in stores written before this field existed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checksums_bind_dictionary: bool,
     /// `"raw"`, `"zstd"` or `"zstd_dict"`.
     pub codec: String,
     /// zstd level (0 for raw).
@@ -358,6 +369,7 @@ mod tests {
             ndim: Some(1),
             logical: Logical::Tensor,
             allow_empty: false,
+            checksums_bind_dictionary: false,
             codec: "zstd".into(),
             level: 3,
             record_count: 5,

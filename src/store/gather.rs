@@ -139,6 +139,7 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
             run_parallel(tasks, |(lo, chunk)| run(lo, chunk))?;
         }
     }
+    core.check_files_intact()?;
     let mut shape = Vec::with_capacity(core.item_shape.len() + 1);
     shape.push(b);
     shape.extend_from_slice(&core.item_shape);
@@ -227,6 +228,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             run_parallel(tasks, |(lo, hi, region)| decode_run(lo, hi, region))?;
         }
     }
+    core.check_files_intact()?;
     // SAFETY: values (all `values_bytes`), cu_seqlens (`b + 1` int32) and shapes (`b * nd`
     // uint64) were all written above; padding between them is never exposed.
     Ok(unsafe { layout.batch(Arc::new(alloc), core.dtype, b, nd) })

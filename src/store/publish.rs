@@ -6,7 +6,8 @@
 //! [`Staging::publish`], which writes the manifest last (create-only, fsynced), fsyncs the folder,
 //! renames it into place without ever replacing an existing path (`renameat2(RENAME_NOREPLACE)`),
 //! and fsyncs the parent. A dropped [`Staging`] removes its folder; a killed process leaves only a
-//! hidden folder without a manifest, which never opens.
+//! hidden staging folder, which opens only if the kill came after its manifest (then it is
+//! complete) and is never the destination; [`leftovers`] finds such folders (`zrec gc`).
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -73,6 +74,86 @@ impl Staging {
     }
 }
 
+/// An unpublished staging folder left by a writer that did not finish (killed, crashed, or
+/// out of disk before its cleanup ran). It never opens as a store: it has no manifest, or is
+/// hidden under a name no reader looks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leftover {
+    /// The staging folder.
+    pub path: PathBuf,
+    /// The destination it was being written for.
+    pub dest: PathBuf,
+    /// The writer's process id, from the folder name.
+    pub pid: u32,
+    /// Whether that process still runs on this machine (then the write may be in progress).
+    pub writer_alive: bool,
+    /// Bytes of the files inside.
+    pub bytes: u64,
+}
+
+/// Staging folders directly inside `dir` (the parent folder of stores being written).
+pub fn leftovers(dir: impl AsRef<Path>) -> Result<Vec<Leftover>> {
+    let dir = dir.as_ref();
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((dest, pid)) = parse_staging_name(&name) else { continue };
+        if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            continue;
+        }
+        let path = e.path();
+        out.push(Leftover { dest: dir.join(dest), pid, writer_alive: process_alive(pid), bytes: folder_bytes(&path), path });
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// Remove leftovers in `dir` whose writer is gone (all of them with `include_live`, for
+/// folders written from other machines of a shared filesystem). Returns what was removed.
+pub fn remove_leftovers(dir: impl AsRef<Path>, include_live: bool) -> Result<Vec<Leftover>> {
+    let mut removed = Vec::new();
+    for l in leftovers(dir)? {
+        if l.writer_alive && !include_live {
+            continue;
+        }
+        fs::remove_dir_all(&l.path).map_err(|e| Error::io(&l.path, e))?;
+        removed.push(l);
+    }
+    Ok(removed)
+}
+
+/// `.<name>.zrecord-tmp-<pid>-<n>` -> (name, pid).
+fn parse_staging_name(name: &str) -> Option<(String, u32)> {
+    let rest = name.strip_prefix('.')?;
+    let at = rest.rfind(".zrecord-tmp-")?;
+    let (dest, tail) = (&rest[..at], &rest[at + ".zrecord-tmp-".len()..]);
+    let (pid, n) = tail.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    if dest.is_empty() {
+        return None;
+    }
+    Some((dest.to_string(), pid.parse().ok()?))
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn folder_bytes(p: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(p) else { return 0 };
+    rd.filter_map(|e| e.ok())
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => folder_bytes(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.published {
@@ -130,6 +211,33 @@ fn fallback_rename(from: &Path, to: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn leftovers_are_found_and_only_dead_writers_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let dead = dir.path().join(".old.zrecord-tmp-999999999-3");
+        let live = dir.path().join(format!(".cur.zrecord-tmp-{me}-0"));
+        for p in [&dead, &live] {
+            fs::create_dir_all(p.join("inner")).unwrap();
+            fs::write(p.join("inner/data-000.bin"), [0u8; 100]).unwrap();
+        }
+        fs::create_dir(dir.path().join("store")).unwrap();
+        fs::write(dir.path().join(".not.zrecord-tmp-x"), b"").unwrap();
+        let found = leftovers(dir.path()).unwrap();
+        assert_eq!(found.len(), 2);
+        let d = found.iter().find(|l| l.path == dead).unwrap();
+        assert_eq!((d.pid, d.writer_alive, d.bytes, d.dest.clone()), (999999999, false, 100, dir.path().join("old")));
+        assert!(found.iter().find(|l| l.path == live).unwrap().writer_alive);
+        let removed = remove_leftovers(dir.path(), false).unwrap();
+        assert_eq!(removed.len(), 1);
+        assert!(!dead.exists() && live.exists() && dir.path().join("store").exists());
+        assert_eq!(remove_leftovers(dir.path(), true).unwrap().len(), 1);
+        assert!(!live.exists());
+        assert_eq!(parse_staging_name(".a.b.zrecord-tmp-12-7"), Some(("a.b".into(), 12)));
+        assert_eq!(parse_staging_name(".zrecord-tmp-12-7"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -20,7 +20,7 @@ use crate::store::writer::file_hash_hex;
 /// Largest manifest accepted (a manifest lists at most 258 files: a few KiB).
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest dictionary accepted.
-const MAX_DICTIONARY_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_DICTIONARY_BYTES: u64 = 64 << 20;
 
 /// Bytes of an upcoming record that [`StoreCore::prefetch`] asks for (larger records stream
 /// well through the hardware prefetcher once started).
@@ -160,6 +160,8 @@ pub(crate) struct StoreCore {
     pub(crate) shapes: Option<StoreFile>,
     pub(crate) shards: Vec<StoreFile>,
     pub(crate) dictionary: Option<Vec<u8>>,
+    /// Mixed into record checksum seeds (the dictionary's key when the manifest says so).
+    pub(crate) seed_key: u64,
     pub(crate) decoder: Decoder,
     /// Records gathered through this opened store (a counter for tests and metrics).
     pub(crate) records_read: std::sync::atomic::AtomicU64,
@@ -321,7 +323,9 @@ impl StoreCore {
         let dictionary = read_dictionary(loc, &manifest, &mpath, d.codec)?;
         let decoder = Decoder::new(d.codec, dictionary.as_deref(), &path)?;
         let len = manifest.record_count;
+        let seed_key = if manifest.checksums_bind_dictionary { format::dictionary_key(dictionary.as_deref()) } else { 0 };
         Ok(StoreCore {
+            seed_key,
             verified: VerifiedSet::new(len),
             records_read: std::sync::atomic::AtomicU64::new(0),
             path,
@@ -379,7 +383,7 @@ impl StoreCore {
     /// Check record `id`'s stored bytes against its index checksum.
     #[inline]
     fn check_record(&self, id: u64, shape: Option<&[u64]>, stored: &[u8], e: &IndexEntry, file: &StoreFile) -> Result<()> {
-        if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape), stored) != e.checksum {
+        if XxHash3_64::oneshot_with_seed(format::record_seed(id, shape) ^ self.seed_key, stored) != e.checksum {
             return Err(Error::corrupt(file.path(), format!("checksum mismatch for record {id} (data or index damaged)")));
         }
         Ok(())
@@ -542,7 +546,39 @@ impl StoreCore {
 
     /// Check every file's whole checksum and every record's checksum and decode.
     /// `progress(records_done)` is called as records complete.
+    /// Fail if any mapped file was cut short under this open store (a contained SIGBUS):
+    /// the bytes just read may be zeros standing in for lost pages.
+    #[inline]
+    pub(crate) fn check_files_intact(&self) -> Result<()> {
+        let files = std::iter::once(&self.index).chain(self.shapes.iter()).chain(self.shards.iter());
+        for f in files {
+            if f.source().lost_pages() != 0 {
+                return Err(Error::corrupt(
+                    f.path(),
+                    "the file was truncated while the store was open (pages of its mapping vanished); stores must not be modified in place — reopen it or restore the file",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Files whose size on disk no longer matches the manifest (truncated or extended in
+    /// place after the store was opened).
+    fn check_sizes_on_disk(&self) -> Result<()> {
+        let files = std::iter::once(&self.index).chain(self.shapes.iter()).chain(self.shards.iter());
+        for f in files {
+            let name = f.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if let (Some(want), Ok(meta)) = (self.manifest.file(&name), std::fs::metadata(f.path())) {
+                if meta.len() != want.bytes {
+                    return Err(Error::corrupt(f.path(), format!("file is now {} bytes, manifest says {} (modified in place after open)", meta.len(), want.bytes)));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn verify(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
+        self.check_sizes_on_disk()?;
         // Whole files, in parallel.
         let mut files: Vec<&dyn ByteSource> = vec![self.index.source()];
         files.extend(self.shapes.iter().map(|s| s.source()));
@@ -579,6 +615,7 @@ impl StoreCore {
             progress(d);
             Ok(())
         })?;
+        self.check_files_intact()?;
         Ok(self.len)
     }
 }

@@ -169,6 +169,8 @@ pub(crate) struct WriterCore {
     ndim: Option<usize>,
     options: WriterOptions,
     dictionary_entry: Option<FileEntry>,
+    /// Mixed into every record checksum seed ([`format::dictionary_key`]).
+    seed_key: u64,
     shards: Vec<ShardWorker>,
     index: Option<HashedFile>,
     shapes: Option<HashedFile>,
@@ -216,6 +218,7 @@ impl WriterCore {
             }
             None => None,
         };
+        let seed_key = if options.codec == Codec::ZstdDict { format::dictionary_key(options.dictionary.as_deref()) } else { 0 };
         let mut shards = Vec::with_capacity(options.data_shards);
         for i in 0..options.data_shards {
             let p = tmp_path.join(format::shard_name(i));
@@ -243,6 +246,7 @@ impl WriterCore {
             ndim,
             options,
             dictionary_entry,
+            seed_key,
             shards,
             index,
             shapes,
@@ -356,9 +360,10 @@ impl WriterCore {
             jobs.push((w, win[0], mine));
         }
         let base_id = self.count;
+        let seed_key = self.seed_key;
         let stored: Result<Vec<u64>> = self.pool.install(|| {
             jobs.into_par_iter()
-                .map(|(w, lo, out)| write_raw_part(w, lo, out, record, base_id + (lo - start) as u64))
+                .map(|(w, lo, out)| write_raw_part(w, lo, out, record, base_id + (lo - start) as u64, seed_key))
                 .collect()
         });
         self.pending = entries;
@@ -413,6 +418,7 @@ impl WriterCore {
         }
         let base_id = self.count;
         let (codec, level, dictionary) = (self.options.codec, self.options.level, self.options.dictionary.as_deref());
+        let seed_key = self.seed_key;
         let encoders = &self.encoders;
         let path = self.staging.path().to_path_buf();
         let encoded: Result<Vec<EncodedChunk>> = self.pool.install(|| {
@@ -424,7 +430,7 @@ impl WriterCore {
                         Some(e) => e,
                         None => Encoder::new(codec, level, dictionary)?,
                     };
-                    let r = encode_chunk(&mut enc, lo, hi, record, base_id + (lo - start) as u64, &path);
+                    let r = encode_chunk(&mut enc, lo, hi, record, base_id + (lo - start) as u64, seed_key, &path);
                     encoders.lock().unwrap_or_else(|p| p.into_inner()).push(enc);
                     r
                 })
@@ -491,6 +497,7 @@ impl WriterCore {
             ndim: self.ndim.map(|n| n as u32),
             logical: self.options.logical,
             allow_empty: self.options.allow_empty,
+            checksums_bind_dictionary: self.seed_key != 0,
             codec: self.options.codec.name().into(),
             level: if self.options.codec == Codec::Raw { 0 } else { self.options.level },
             record_count: self.count,
@@ -511,7 +518,8 @@ struct EncodedChunk {
     sums: Vec<u64>,
 }
 
-fn encode_chunk<'a, F>(enc: &mut Encoder, lo: usize, hi: usize, record: &F, first_id: u64, path: &Path) -> Result<EncodedChunk>
+#[allow(clippy::too_many_arguments)]
+fn encode_chunk<'a, F>(enc: &mut Encoder, lo: usize, hi: usize, record: &F, first_id: u64, seed_key: u64, path: &Path) -> Result<EncodedChunk>
 where
     F: Fn(usize) -> RecordRef<'a> + Sync,
 {
@@ -520,14 +528,14 @@ where
         let (bytes, shape) = record(i);
         let e = enc.encode(bytes, path)?;
         let len = u32::try_from(e.len()).map_err(|_| Error::RecordTooLarge { index: i, bytes: bytes.len() as u64, limit: format::MAX_RECORD_BYTES })?;
-        c.sums.push(XxHash3_64::oneshot_with_seed(format::record_seed(first_id + (i - lo) as u64, shape), e));
+        c.sums.push(XxHash3_64::oneshot_with_seed(format::record_seed(first_id + (i - lo) as u64, shape) ^ seed_key, e));
         c.lens.push(len);
         c.data.extend_from_slice(e);
     }
     Ok(c)
 }
 
-fn write_raw_part<'a, F>(w: &mut ShardWorker, lo: usize, out: &mut [IndexEntry], record: &F, first_id: u64) -> Result<u64>
+fn write_raw_part<'a, F>(w: &mut ShardWorker, lo: usize, out: &mut [IndexEntry], record: &F, first_id: u64, seed_key: u64) -> Result<u64>
 where
     F: Fn(usize) -> RecordRef<'a> + Sync,
 {
@@ -540,7 +548,7 @@ where
             bytes: bytes.len() as u64,
             limit: format::MAX_RECORD_BYTES,
         })?;
-        let checksum = XxHash3_64::oneshot_with_seed(format::record_seed(first_id + k as u64, shape), bytes);
+        let checksum = XxHash3_64::oneshot_with_seed(format::record_seed(first_id + k as u64, shape) ^ seed_key, bytes);
         *slot = IndexEntry { offset, stored_len, shard: w.id, checksum };
         stored += bytes.len() as u64;
         w.file.write(bytes)?;
