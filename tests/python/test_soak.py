@@ -21,7 +21,7 @@ def test_loader_soak_is_flat(tmp_path):
     path = tmp_path / "s"
     soak.build(path, 4000, 16 << 10)  # 62.5 MiB decoded, 4x the 16 MiB pool
     fds0, th0 = soak.counts()
-    samples, leaks = soak.soak(path, batches=1500, pool=16 << 20, report=lambda *_: None)
+    samples, leaks = soak.soak(path, batches=1500, pool=16 << 20, every=50, report=lambda *_: None)
     assert len(samples) == 30
     assert not leaks, leaks
     assert all(s[6] <= 64 << 20 for s in samples), "live pooled bytes stay bounded by the window"
