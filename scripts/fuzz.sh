@@ -16,6 +16,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   targets=(store_mutate ragged_batch dataset_json copy_options arrow_convert)
 fi
 export CARGO_TARGET_DIR="${ZRECORD_FUZZ_TARGET_DIR:-$PWD/target}"
+export LSAN_OPTIONS="suppressions=$PWD/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 # Debug assertions on (overflow checks), optimised, with ASan.
 cargo +nightly fuzz build --fuzz-dir .
 mkdir -p logs

@@ -308,6 +308,10 @@ pub fn exercise(path: &Path, written: &Written, ids: &[u16]) {
             }
         }
     }
+    // SQL planning costs milliseconds: scan one case in eight.
+    if !ids.first().is_some_and(|&i| i % 8 == 0) {
+        return;
+    }
     if let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() {
         rt.block_on(async {
             let ctx = zrecord::query::zrecord_context();
