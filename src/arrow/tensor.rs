@@ -75,7 +75,8 @@ pub fn dense_to_arrow(name: &str, t: &Tensor) -> Result<(FieldRef, ArrayRef)> {
     let size = i32::try_from(per).map_err(|_| Error::invalid("tensor", format!("item of {per} elements exceeds Arrow's FixedSizeList limit")))?;
     let child = Arc::new(element_field(t.dtype()));
     let values = flat_values(t, n * per)?;
-    let list = FixedSizeListArray::try_new(child, size, values, None).map_err(arrow_err)?;
+    // With the length given: items of zero elements (a 0 in the item shape) still make `n` rows.
+    let list = FixedSizeListArray::try_new_with_length(child, size, values, None, n).map_err(arrow_err)?;
     Ok(fixed_shape_column(name, list, item))
 }
 
@@ -131,6 +132,13 @@ pub fn to_record_batch(columns: Vec<(FieldRef, ArrayRef)>) -> Result<RecordBatch
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn zero_element_items_keep_their_row_count() {
+        let t = crate::memory::Tensor::from_slice::<i32>(&crate::memory::Allocator::cpu(0), &[], &[3, 0]).unwrap();
+        let (_, a) = super::dense_to_arrow("x", &t).unwrap();
+        assert_eq!(a.len(), 3);
+    }
+
     use super::*;
     use crate::memory::Allocator;
     use arrow_array::cast::AsArray;
