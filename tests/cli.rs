@@ -131,3 +131,26 @@ fn sql_prints_tables_writes_files_and_reports_errors() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAME=PATH"));
 }
+
+#[test]
+fn gc_lists_and_removes_leftovers_of_dead_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dir.path().join(".train.zrecord-tmp-999999999-0");
+    std::fs::create_dir_all(&dead).unwrap();
+    std::fs::write(dead.join("data-000.bin"), [1u8; 1000]).unwrap();
+    let live = dir.path().join(format!(".val.zrecord-tmp-{}-0", std::process::id()));
+    std::fs::create_dir_all(&live).unwrap();
+    let out = zrec().args(["gc", "--dry-run"]).arg(dir.path()).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("would remove") && text.contains("1000 bytes") && text.contains("kept"), "{text}");
+    assert!(dead.exists());
+    let out = zrec().arg("gc").arg(dir.path()).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed"));
+    assert!(!dead.exists() && live.exists(), "only the dead writer's folder goes");
+    let out = zrec().args(["gc", "--all"]).arg(dir.path()).output().unwrap();
+    assert!(out.status.success() && !live.exists());
+    let out = zrec().args(["gc", "/nonexistent/zrecord"]).output().unwrap();
+    assert!(!out.status.success());
+}
