@@ -18,18 +18,11 @@ import numpy as np
 import zrecord as z
 
 
-def rss_kib():
+def status_kib(field):
+    """A `/proc/self/status` memory field (VmRSS, RssAnon, ...) in KiB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def anon_kib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
@@ -62,7 +55,7 @@ def soak(path, seconds=None, batches=None, pool=64 << 20, workers=2, prefetch=4,
             n += 1
             if n % every == 0:
                 fds, threads = counts()
-                s = (time.monotonic() - t0, n, rss_kib(), anon_kib(), fds, threads, alloc.stats()["live_bytes"])
+                s = (time.monotonic() - t0, n, status_kib("VmRSS"), status_kib("RssAnon"), fds, threads, alloc.stats()["live_bytes"])
                 samples.append(s)
                 report("t=%7.1fs batches=%7d rss=%7d KiB anon=%7d KiB fds=%3d threads=%3d live=%d" % s)
             if (seconds is not None and time.monotonic() - t0 >= seconds) or (batches is not None and n >= batches):

@@ -1,8 +1,9 @@
 //! A writer process killed mid-write leaves no openable store and the destination free.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::io::BufRead;
 
 use zrecord::prelude::*;
 
@@ -27,14 +28,7 @@ fn helper_writer_that_gets_killed() {
 fn killed_writer_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["helper_writer_that_gets_killed", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, &path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = common::spawn_helper("helper_writer_that_gets_killed", (CHILD_ENV, path.display().to_string()));
     let mut line = String::new();
     loop {
         line.clear();

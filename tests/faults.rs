@@ -4,7 +4,9 @@
 //! names the file and the cause, and leftovers are found and removed by `zrec gc`'s code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -198,33 +200,19 @@ fn check_outputs(dir: &Path, mode: &str) {
 
 #[test]
 fn killed_at_random_points_never_publishes_half_a_store() {
-    let exe = std::env::current_exe().unwrap();
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = zrecord::sample::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
     for (mode, kills) in [("store", 100), ("copy", 100), ("dict", 100)] {
         let dir = tempfile::tempdir().unwrap();
         let mut killed_mid_write = 0;
         let mut k = 0;
         while k < kills {
-            let mut child = Command::new(&exe)
-                .args(["helper_repeated_writer", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-                .env(CHILD_ENV, format!("{mode}:{}", dir.path().display()))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let mut out = BufReader::new(child.stdout.take().unwrap());
+            let (mut child, mut out) = common::spawn_helper("helper_repeated_writer", (CHILD_ENV, format!("{mode}:{}", dir.path().display())));
             let mut line = String::new();
             // Wait for the first write to start, then kill at a random moment of the next few.
             while out.read_line(&mut line).unwrap() > 0 && !line.contains("start") {
                 line.clear();
             }
-            std::thread::sleep(Duration::from_micros(next() % 40_000));
+            std::thread::sleep(Duration::from_micros(rng.next_u64() % 40_000));
             child.kill().unwrap();
             child.wait().unwrap();
             k += 1;

@@ -197,26 +197,16 @@ impl Allocator {
         }
         let class = size_class(bytes);
         let layout = layout_for(class)?;
-        if self.inner.max_bytes != usize::MAX {
-            // Reserve first so that concurrent requests cannot pass the cap together.
-            let max = self.inner.max_bytes as u64;
-            let live = self.inner.live_bytes.fetch_add(class as u64, Ordering::Relaxed);
-            if live + class as u64 > max {
-                self.inner.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
-                return Err(Error::MemoryLimit { bytes, live: live as usize, max_bytes: max as usize });
-            }
+        // Reserve first so that concurrent requests cannot pass the cap together.
+        let live = self.inner.live_bytes.fetch_add(class as u64, Ordering::Relaxed);
+        if live + class as u64 > self.inner.max_bytes as u64 {
+            self.inner.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
+            return Err(Error::MemoryLimit { bytes, live: live as usize, max_bytes: self.inner.max_bytes });
         }
         match self.take(class, layout) {
-            Ok(ptr) => {
-                if self.inner.max_bytes == usize::MAX {
-                    self.inner.live_bytes.fetch_add(class as u64, Ordering::Relaxed);
-                }
-                Ok(Allocation { ptr, class, pool: self.inner.clone() })
-            }
+            Ok(ptr) => Ok(Allocation { ptr, class, pool: self.inner.clone() }),
             Err(e) => {
-                if self.inner.max_bytes != usize::MAX {
-                    self.inner.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
-                }
+                self.inner.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
                 Err(e)
             }
         }

@@ -27,8 +27,6 @@ pub(crate) struct Imported<'py> {
     nbytes: usize,
     pub(crate) dtype: DType,
     pub(crate) shape: Vec<usize>,
-    /// Strides in elements, when the producer gave strides that are whole elements.
-    pub(crate) strides: Option<Vec<isize>>,
     /// Strides in bytes as the producer gave them (None: C-contiguous).
     byte_strides: Option<Vec<isize>>,
     /// The producer's elements are in the other byte order (array interface `>` typestr).
@@ -90,19 +88,17 @@ impl<'py> Imported<'py> {
                 self.dtype
             )));
         }
-        if self.strides.is_none() {
-            if let Some(b) = &self.byte_strides {
-                return Err(PyValueError::new_err(format!(
+        let v = TensorView::new(self.bytes(), self.dtype, self.shape.clone());
+        match &self.byte_strides {
+            None => Ok(v),
+            Some(b) => match elem_strides(b, self.dtype.size()) {
+                Some(s) => Ok(v.with_strides(s)),
+                None => Err(PyValueError::new_err(format!(
                     "input strides {b:?} (bytes) are not multiples of the {}-byte item size; make the array contiguous first (np.ascontiguousarray)",
                     self.dtype.size()
-                )));
-            }
+                ))),
+            },
         }
-        let v = TensorView::new(self.bytes(), self.dtype, self.shape.clone());
-        Ok(match &self.strides {
-            Some(s) => v.with_strides(s.clone()),
-            None => v,
-        })
     }
 
     /// The elements of a 1-D integer array as ids, read once (any strides, either byte
@@ -113,17 +109,12 @@ impl<'py> Imported<'py> {
         }
         let n = self.shape[0];
         let esize = self.dtype.size();
-        let read: fn([u8; 8], bool) -> i128 = match self.dtype {
-            DType::UInt64 => |b, sw| { let v = u64::from_ne_bytes(b); (if sw { v.swap_bytes() } else { v }) as i128 },
-            DType::Int64 => |b, sw| { let v = i64::from_ne_bytes(b); (if sw { v.swap_bytes() } else { v }) as i128 },
-            DType::UInt32 => |b, sw| { let v = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]); (if sw { v.swap_bytes() } else { v }) as i128 },
-            DType::Int32 => |b, sw| { let v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]); (if sw { v.swap_bytes() } else { v }) as i128 },
-            DType::UInt16 => |b, sw| { let v = u16::from_ne_bytes([b[0], b[1]]); (if sw { v.swap_bytes() } else { v }) as i128 },
-            DType::Int16 => |b, sw| { let v = i16::from_ne_bytes([b[0], b[1]]); (if sw { v.swap_bytes() } else { v }) as i128 },
-            DType::UInt8 => |b, _| b[0] as i128,
-            DType::Int8 => |b, _| b[0] as i8 as i128,
-            other => return Err(PyTypeError::new_err(format!("index arrays must hold integers, got {other}"))),
-        };
+        if !matches!(
+            self.dtype,
+            DType::UInt64 | DType::Int64 | DType::UInt32 | DType::Int32 | DType::UInt16 | DType::Int16 | DType::UInt8 | DType::Int8
+        ) {
+            return Err(PyTypeError::new_err(format!("index arrays must hold integers, got {}", self.dtype)));
+        }
         let stride = match &self.byte_strides {
             Some(b) => b[0],
             None => esize as isize,
@@ -142,7 +133,7 @@ impl<'py> Imported<'py> {
             // `data + k * stride` (its stride, in bytes) and holds `esize` readable bytes while we
             // hold it; each element is copied out once and never read again.
             unsafe { std::ptr::copy_nonoverlapping(self.bytes_ptr.wrapping_offset(k as isize * stride), b.as_mut_ptr(), esize) };
-            let i = read(b, self.swapped);
+            let i = int_value(self.dtype, b, esize, self.swapped);
             if i < 0 || i >= len as i128 {
                 return Err(pyo3::exceptions::PyIndexError::new_err(format!(
                     "index {i} out of range for a view of {len} records (indices must be in 0..{len})"
@@ -162,7 +153,6 @@ impl<'py> Imported<'py> {
                 nbytes: t.nbytes(),
                 dtype: t.dtype(),
                 shape: t.shape().to_vec(),
-                strides: None,
                 byte_strides: None,
                 swapped: false,
                 owner: Owner::Tensor(t),
@@ -244,7 +234,7 @@ impl<'py> Imported<'py> {
         let owner = Owner::Capsule { capsule, versioned, managed };
         if dl.device.device_type != 1 && dl.device.device_type != 3 {
             // Dropping an empty import releases the producer's tensor.
-            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], strides: None, byte_strides: None, swapped: false, owner });
+            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], byte_strides: None, swapped: false, owner });
             return Err(PyValueError::new_err(format!("DLPack device type {} is not supported: use CPU memory", dl.device.device_type)));
         }
         let dtype = DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes).py_err()?;
@@ -272,7 +262,7 @@ impl<'py> Imported<'py> {
         if bytes_ptr.is_null() && nbytes > 0 {
             return Err(PyValueError::new_err("DLPack tensor has a null data pointer"));
         }
-        Ok(Imported { bytes_ptr, nbytes, dtype, shape, strides, byte_strides, swapped: false, owner })
+        Ok(Imported { bytes_ptr, nbytes, dtype, shape, byte_strides, swapped: false, owner })
     }
 
     fn from_array_interface(obj: &Bound<'py, PyAny>, allow_writable: bool) -> PyResult<Imported<'py>> {
@@ -309,18 +299,41 @@ impl<'py> Imported<'py> {
         if byte_strides.as_ref().is_some_and(|b| b.len() != shape.len()) {
             return Err(PyValueError::new_err("__array_interface__ strides and shape differ in length"));
         }
-        let esize = dtype.size() as isize;
         // Strides that are not whole elements have no element-stride form: the array is then
         // treated as non-contiguous (never read as one span), not truncated to a wrong stride.
-        let strides = byte_strides.as_ref().and_then(|b| b.iter().map(|&x| (x % esize == 0).then_some(x / esize)).collect::<Option<Vec<isize>>>());
-        let contiguous = match (&byte_strides, &strides) {
-            (None, _) => true,
-            (Some(_), Some(s)) => c_contiguous(&shape, Some(s)),
-            (Some(_), None) => shape.iter().product::<usize>() == 0,
+        let contiguous = match &byte_strides {
+            None => true,
+            Some(b) => match elem_strides(b, dtype.size()) {
+                Some(s) => c_contiguous(&shape, Some(&s)),
+                None => shape.contains(&0),
+            },
         };
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| PyValueError::new_err(format!("array shape {shape:?} overflows")))?;
         let nbytes = if contiguous { numel.checked_mul(dtype.size()).ok_or_else(|| PyValueError::new_err("array size overflows"))? } else { 0 };
-        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, strides, byte_strides, swapped, owner: Owner::Object(obj.clone()) })
+        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, byte_strides, swapped, owner: Owner::Object(obj.clone()) })
+    }
+}
+
+/// Byte strides as element strides, when every one is a whole number of items.
+fn elem_strides(bytes: &[isize], item: usize) -> Option<Vec<isize>> {
+    let item = item as isize;
+    bytes.iter().map(|&x| (x % item == 0).then_some(x / item)).collect()
+}
+
+/// The integer in the first `esize` bytes of `b` (in the producer's byte order).
+fn int_value(dtype: DType, mut b: [u8; 8], esize: usize, swapped: bool) -> i128 {
+    if swapped {
+        b[..esize].reverse();
+    }
+    match dtype {
+        DType::UInt64 => u64::from_ne_bytes(b) as i128,
+        DType::Int64 => i64::from_ne_bytes(b) as i128,
+        DType::UInt32 => u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as i128,
+        DType::Int32 => i32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as i128,
+        DType::UInt16 => u16::from_ne_bytes([b[0], b[1]]) as i128,
+        DType::Int16 => i16::from_ne_bytes([b[0], b[1]]) as i128,
+        DType::Int8 => b[0] as i8 as i128,
+        _ => b[0] as i128,
     }
 }
 

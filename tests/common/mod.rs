@@ -111,3 +111,17 @@ pub fn dict_for(samples: &[Vec<u8>]) -> Vec<u8> {
     }
     train_dict(&s[..], 4096).unwrap()
 }
+
+/// Run the `#[ignore]`d test `helper` of the current test binary as a child process with
+/// `env` set, stdout piped (for "started" lines), stderr discarded.
+pub fn spawn_helper(helper: &str, env: (&str, String)) -> (std::process::Child, std::io::BufReader<std::process::ChildStdout>) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([helper, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(env.0, env.1)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
