@@ -203,6 +203,29 @@ fn killed_at_random_points_never_publishes_half_a_store() {
     let mut rng = zrecord::sample::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
     for (mode, kills) in [("store", 100), ("copy", 100), ("dict", 100)] {
         let dir = tempfile::tempdir().unwrap();
+        // How long one write takes in this build (sanitizers and debug builds are several times
+        // slower): kills are spread over one and a half of them.
+        let one_write_us = {
+            let (mut child, mut out) = common::spawn_helper("helper_repeated_writer", (CHILD_ENV, format!("{mode}:{}", dir.path().display())));
+            let mut line = String::new();
+            let mut started = None;
+            while out.read_line(&mut line).unwrap() > 0 {
+                if line.contains("start 0") {
+                    started = Some(std::time::Instant::now());
+                } else if line.contains("done 0") {
+                    break;
+                }
+                line.clear();
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let us = started.expect("the writer started").elapsed().as_micros() as u64;
+            remove_leftovers(dir.path(), false).unwrap();
+            for e in std::fs::read_dir(dir.path()).unwrap() {
+                std::fs::remove_dir_all(e.unwrap().path()).unwrap();
+            }
+            us.max(1000)
+        };
         let mut killed_mid_write = 0;
         let mut k = 0;
         while k < kills {
@@ -212,7 +235,7 @@ fn killed_at_random_points_never_publishes_half_a_store() {
             while out.read_line(&mut line).unwrap() > 0 && !line.contains("start") {
                 line.clear();
             }
-            std::thread::sleep(Duration::from_micros(rng.next_u64() % 40_000));
+            std::thread::sleep(Duration::from_micros(rng.next_u64() % (one_write_us * 3 / 2)));
             child.kill().unwrap();
             child.wait().unwrap();
             k += 1;
@@ -235,5 +258,173 @@ fn killed_at_random_points_never_publishes_half_a_store() {
         // before the writer starts: those kills must simply leave nothing).
         let floor = if mode == "dict" { 1 } else { kills / 4 };
         assert!(killed_mid_write >= floor, "{mode}: only {killed_mid_write} kills hit a write");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// EIO: one write or fsync fails (tests/fixtures/eio_preload.c, preloaded into a child process)
+
+const EIO_CHILD_ENV: &str = "ZRECORD_FAULTS_EIO_CHILD";
+
+/// Build the EIO shim with the system C compiler. `None` where there is none (the caller skips).
+fn build_eio_shim(dir: &Path) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eio_preload.c");
+    let out = dir.join("eio_preload.so");
+    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    ok.then_some(out)
+}
+
+/// Child process: one write of kind `mode` to `dest`, then a line `ok`, or
+/// `err<TAB>path<TAB>errno<TAB>message` with the innermost I/O error.
+#[test]
+#[ignore = "helper process for one_eio_at_every_write_and_fsync_fails_cleanly"]
+fn helper_eio_writer() {
+    let Ok(spec) = std::env::var(EIO_CHILD_ENV) else { return };
+    let (mode, dest) = spec.split_once(':').unwrap();
+    let dest = PathBuf::from(dest);
+    let r: Result<()> = (|| {
+        match mode {
+            "dense" => {
+                let mut w = DenseWriter::create(&dest, DType::UInt8, &[500], WriterOptions::with_codec(Codec::Zstd).data_shards(2))?;
+                w.append_slice(&records(40, 500, 1))?;
+                w.append_slice(&records(40, 500, 2))?;
+                w.finish()?;
+            }
+            "ragged" => {
+                let mut w = RaggedWriter::create(&dest, DType::UInt8, 1, WriterOptions::default())?;
+                let values = records(1, 9000, 3);
+                let cu = [0i32, 1000, 6000, 9000];
+                w.append(&RaggedInput::from_slices(&values, &cu, &[1000, 5000, 3000], 1))?;
+                w.finish()?;
+            }
+            "dict" => {
+                let samples: Vec<Vec<u8>> = (0..200).map(|k| records(1, 600, k as u8)).collect();
+                let dict = zrecord::store::train_dict(&samples[..], 4096)?;
+                let mut w = DenseWriter::create(&dest, DType::UInt8, &[600], WriterOptions::zstd_dict(dict))?;
+                w.append_slice(&samples.concat())?;
+                w.finish()?;
+            }
+            _ => {
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                rt.block_on(async {
+                    let ctx = zrecord::query::zrecord_context();
+                    let q = format!(
+                        "COPY (SELECT value AS a, value * 2 AS b FROM generate_series(0, 2999)) TO '{}' STORED AS ZRECORD OPTIONS (codec 'zstd')",
+                        dest.display()
+                    );
+                    ctx.sql(&q).await?.collect().await?;
+                    Ok::<_, datafusion::error::DataFusionError>(())
+                })?;
+            }
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => println!("ok"),
+        Err(e) => {
+            let msg = e.to_string().replace(['\t', '\n'], " ");
+            match e.root() {
+                Error::Io { path, source } => println!("err\t{}\t{}\t{msg}", path.display(), source.raw_os_error().unwrap_or(-1)),
+                other => println!("err\t-\t-1\t{msg} (root: {other})"),
+            }
+        }
+    }
+}
+
+/// For a dense zstd store (two shards), a ragged raw store, a zstd_dict store and a COPY to a
+/// dataset: the n-th write, then the n-th fsync, of each file of the output fails once with EIO,
+/// for n = 0, 1, ... until the output is written without reaching it; then once per directory
+/// fsync. Every failure is an I/O error naming the file and the cause; nothing is published
+/// (except when only the parent's fsync after the rename failed: then the output is whole and
+/// verifies); no staging folder is left behind; the error is never swallowed (a transient EIO
+/// followed by successful calls must still fail the write).
+#[test]
+fn one_eio_at_every_write_and_fsync_fails_cleanly() {
+    if cfg!(zrecord_sanitize) {
+        // The sanitizer runtime's own write / fsync interceptors reach libc past the shim.
+        eprintln!("skipped under a sanitizer (its interceptors bypass the preloaded shim)");
+        return;
+    }
+    let tools = tempfile::tempdir().unwrap();
+    let Some(shim) = build_eio_shim(tools.path()) else {
+        eprintln!("skipped: no C compiler to build the EIO shim");
+        return;
+    };
+    let files: &[(&str, &[&str])] = &[
+        ("dense", &["data-000", "data-001", "index.bin", "manifest.json"]),
+        ("ragged", &["data-000", "index.bin", "shapes.bin", "manifest.json"]),
+        ("dict", &["dictionary.zstd", "data-000", "index.bin", "manifest.json"]),
+        ("copy", &["data-000", "index.bin", "manifest.json", "dataset.json"]),
+    ];
+    let mut injected = 0;
+    for &(mode, names) in files {
+        let mut cases: Vec<(&str, &str)> = names.iter().flat_map(|n| [("write", *n), ("fsync", *n)]).collect();
+        cases.push(("fsyncdir", ""));
+        for (op, pattern) in cases {
+            let mut n = 0;
+            loop {
+                assert!(n < 200, "{mode} {op} {pattern}: still failing after {n} calls");
+                let dir = tempfile::tempdir().unwrap();
+                let dest = dir.path().join("out");
+                let envs = [
+                    (EIO_CHILD_ENV, format!("{mode}:{}", dest.display())),
+                    ("ZRECORD_EIO", format!("{op}:{pattern}:{n}")),
+                    ("LD_PRELOAD", shim.display().to_string()),
+                ];
+                let (mut child, mut out) = common::spawn_helper_with("helper_eio_writer", &envs);
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut out, &mut text).unwrap();
+                assert!(child.wait().unwrap().success(), "{mode} {op} {pattern} #{n}: child failed: {text}");
+                let line = text.lines().find(|l| *l == "ok" || l.starts_with("err\t")).unwrap_or_else(|| panic!("no result line: {text}"));
+                let ctx = format!("{mode} {op}:{pattern}:{n}");
+                assert!(leftovers(dir.path()).unwrap().is_empty(), "{ctx}: staging folder left behind");
+                if line == "ok" {
+                    // The n-th call never happened: every earlier one was failed in turn.
+                    assert!(n > 0, "{ctx}: no call matched (the shim is not in effect, or the file is not written)");
+                    check_eio_output(&dest, mode, &ctx);
+                    break;
+                }
+                injected += 1;
+                let parts: Vec<&str> = line.splitn(4, '\t').collect();
+                let (path, errno, msg) = (parts[1], parts[2], parts[3]);
+                assert_eq!(errno, libc::EIO.to_string(), "{ctx}: not EIO: {msg}");
+                assert!(msg.contains("Input/output error"), "{ctx}: the cause is not named: {msg}");
+                if op != "fsyncdir" {
+                    assert!(path.contains(pattern), "{ctx}: the error names {path}");
+                }
+                let file_name = Path::new(path).file_name().unwrap().to_string_lossy().into_owned();
+                assert!(msg.contains(&file_name), "{ctx}: the message does not name {file_name}: {msg}");
+                if dest.exists() {
+                    // Only the parent folder's fsync after the rename may fail once published.
+                    assert_eq!(op, "fsyncdir", "{ctx}: published after an error: {msg}");
+                    check_eio_output(&dest, mode, &ctx);
+                } else {
+                    assert!(Store::open(&dest).is_err());
+                }
+                n += 1;
+            }
+        }
+    }
+    assert!(injected >= 40, "only {injected} injected failures");
+}
+
+fn check_eio_output(dest: &Path, mode: &str, ctx: &str) {
+    if mode == "copy" {
+        let d = zrecord::store::Dataset::open(dest).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert_eq!(d.len(), 3000);
+        for s in d.streams() {
+            s.store().unwrap().verify().unwrap();
+        }
+    } else {
+        let s = Store::open(dest).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert_eq!(s.verify().unwrap(), if mode == "dense" { 80 } else if mode == "ragged" { 3 } else { 200 });
     }
 }

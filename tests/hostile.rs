@@ -174,6 +174,32 @@ fn swapped_zstd_dictionary_is_detected_even_with_a_consistent_manifest() {
     assert!(s.verify().is_err());
 }
 
+/// A dense store whose manifest claims more decoded bytes than its data files could produce
+/// (raw: stored as is; zstd: at most 32768-fold) is refused at open, before any gather asks for
+/// that memory; the most compressible real store (all zeros) still opens and reads back.
+#[test]
+fn dense_stores_claiming_more_than_their_files_hold_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    for codec in [Codec::Raw, Codec::Zstd] {
+        let p = dir.path().join(format!("{codec}"));
+        dense_store(&p, 10, 64, WriterOptions::with_codec(codec));
+        let mpath = p.join("manifest.json");
+        let mut m = Manifest::from_bytes(&std::fs::read(&mpath).unwrap(), &mpath).unwrap();
+        m.item_shape = Some(vec![if codec == Codec::Raw { 128 } else { 1 << 30 }]);
+        std::fs::write(&mpath, m.to_bytes().unwrap()).unwrap();
+        let e = Store::open(&p).unwrap_err();
+        assert!(matches!(&e, Error::Corrupt { path, .. } if path.ends_with("manifest.json")), "{codec}: {e}");
+        assert!(e.to_string().contains("cannot come from data files"), "{e}");
+    }
+    let zeros = dir.path().join("zeros");
+    let mut w = DenseWriter::create(&zeros, DType::UInt8, &[4 << 20], WriterOptions::with_codec(Codec::Zstd).level(19)).unwrap();
+    w.append_slice(&vec![0u8; 3 * (4 << 20)]).unwrap();
+    w.finish().unwrap();
+    let Store::Dense(s) = Store::open(&zeros).unwrap() else { panic!("dense") };
+    let t = s.bind(&Allocator::cpu(0)).gather(&[2, 0]).unwrap();
+    assert!(t.as_bytes().len() == 2 * (4 << 20) && t.as_bytes().iter().all(|&b| b == 0));
+}
+
 #[test]
 fn dataset_streams_may_not_leave_the_root_through_symlinks() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,7 +259,7 @@ fn transform_reentering_its_loader_neither_deadlocks_nor_corrupts() {
         let opts = LoaderOptions { workers, prefetch: 2, rank: 0, world_size: 1 };
         let mut l = Loader::with_transform(streams, IdSource::Stateless(s), opts, move |step, _parts| {
             let h = seen.get().expect("handle set before iterating");
-            let pos = h.state();
+            let pos = h.state().expect("alive while its transform runs");
             assert!(h.in_transform());
             if step == 3 {
                 h.close();
@@ -254,5 +280,11 @@ fn transform_reentering_its_loader_neither_deadlocks_nor_corrupts() {
         if workers == 0 {
             assert_eq!(got, [0, 1, 2, 3]);
         }
+        // The handle inside the transform does not keep the loader (and its transform, which
+        // holds the handle) alive: dropping the loader frees it.
+        let h = l.handle();
+        drop(l);
+        assert!(h.is_closed() && h.state().is_none(), "workers={workers}: the loader outlived its owner");
+        assert!(slot.get().unwrap().state().is_none());
     }
 }

@@ -317,7 +317,8 @@ impl<T: Send + 'static> Loader<T> {
     /// A handle for reading the position and closing the loader from anywhere, its own
     /// transform included, without the `&mut` access that `next_step` holds.
     pub fn handle(&self) -> LoaderHandle {
-        LoaderHandle { shared: self.shared.clone() }
+        let shared: Arc<dyn HandleOps> = self.shared.clone();
+        LoaderHandle { key: shared.key(), shared: Arc::downgrade(&shared) }
     }
 
     /// The next step's result, in step order. `None` after `close`.
@@ -402,9 +403,13 @@ impl<T: Send + 'static> Loader<T> {
     }
 }
 
-/// Position and close access to a [`Loader`] (see [`Loader::handle`]).
+/// Position and close access to a [`Loader`] (see [`Loader::handle`]). It does not keep the
+/// loader alive: a transform may hold its own loader's handle without making a reference cycle
+/// (once the loader is dropped the handle reports it closed).
 pub struct LoaderHandle {
-    shared: Arc<dyn HandleOps>,
+    shared: std::sync::Weak<dyn HandleOps>,
+    /// The loader's identity for [`LoaderHandle::in_transform`].
+    key: usize,
 }
 
 trait HandleOps: Send + Sync {
@@ -433,25 +438,27 @@ impl<T: Send> HandleOps for Shared<T> {
 }
 
 impl LoaderHandle {
-    /// The step the next delivered result belongs to.
-    pub fn state(&self) -> u64 {
-        self.shared.state()
+    /// The step the next delivered result belongs to; `None` once the loader was dropped.
+    pub fn state(&self) -> Option<u64> {
+        self.shared.upgrade().map(|s| s.state())
     }
 
     /// Close without waiting for the workers: every waiting or later `next_step` returns
     /// `None` and workers exit after their current step. The owner joins them on drop.
     pub fn close(&self) {
-        self.shared.signal_close();
+        if let Some(s) = self.shared.upgrade() {
+            s.signal_close();
+        }
     }
 
-    /// True once closed.
+    /// True once closed (or dropped).
     pub fn is_closed(&self) -> bool {
-        self.shared.closed()
+        self.shared.upgrade().is_none_or(|s| s.closed())
     }
 
     /// True while the calling thread runs this loader's transform.
     pub fn in_transform(&self) -> bool {
-        InTransform::active(self.shared.key())
+        InTransform::active(self.key)
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::loader::{IdSource, Loader, LoaderHandle, LoaderOptions, Mode, PositionBatch, Sampler, SourceView};
 use crate::store::Batch;
@@ -205,6 +206,9 @@ pub struct PyLoader {
     /// Position / close access that never waits on `inner` (which `__next__` holds while the
     /// transform runs): a transform may call `state_dict()` or `close()` on its own loader.
     handle: LoaderHandle,
+    /// The Python objects the loader calls (transform, custom sampler), for the garbage
+    /// collector: a transform that refers back to its loader makes a cycle it must see.
+    refs: Vec<Py<PyAny>>,
 }
 
 fn stream_views(streams: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<SourceView>)>> {
@@ -245,6 +249,7 @@ impl PyLoader {
     ) -> PyResult<Self> {
         let views = stream_views(streams)?;
         let options = LoaderOptions { workers, prefetch, rank, world_size };
+        let mut refs: Vec<Py<PyAny>> = transform.iter().map(|t| t.clone_ref(py)).collect();
         let make = move |_step: u64, parts: Vec<PositionBatch>| -> StepResult {
             Python::attach(|py| {
                 let list = parts_to_py(py, parts)?;
@@ -269,6 +274,7 @@ impl PyLoader {
             let first = ids_from_py(&sampler.call_method0("next")?).py_err()?;
             let batch = first.len();
             let obj = sampler.clone().unbind();
+            refs.push(obj.clone_ref(py));
             let mut pending = Some(first);
             let draw = Box::new(move || -> crate::error::Result<Vec<u64>> {
                 if let Some(f) = pending.take() {
@@ -282,7 +288,25 @@ impl PyLoader {
             py.detach(|| Loader::with_draw(views, draw, batch, options, make)).py_err()?
         };
         let handle = loader.handle();
-        Ok(PyLoader { inner: Mutex::new(Some(loader)), handle })
+        Ok(PyLoader { inner: Mutex::new(Some(loader)), handle, refs })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for r in &self.refs {
+            visit.call(r)?;
+        }
+        Ok(())
+    }
+
+    /// Break a reference cycle through the transform or sampler: close and drop the loader
+    /// (joining its workers with the GIL released, as on drop).
+    fn __clear__(&mut self) {
+        self.handle.close();
+        let l = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if l.is_some() {
+            Python::attach(|py| py.detach(move || drop(l)));
+        }
+        self.refs.clear();
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -306,9 +330,9 @@ impl PyLoader {
         // Without the GIL: a worker drawing from a Python sampler holds the loader's lock while
         // it waits for the GIL.
         let (closed, step) = py.detach(|| (self.handle.is_closed(), self.handle.state()));
-        if closed {
+        let Some(step) = step.filter(|_| !closed) else {
             return Err(PyValueError::new_err("loader is closed"));
-        }
+        };
         let d = PyDict::new(py);
         d.set_item("step", step)?;
         Ok(d)

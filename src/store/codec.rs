@@ -13,6 +13,11 @@ use crate::error::{Error, Result};
 
 /// Default zstd level.
 pub const DEFAULT_LEVEL: i32 = 3;
+/// How many times its stored size a zstd frame can at most decode to: a block decodes to at
+/// most 128 KiB and takes at least 4 bytes (an RLE block), so stored bytes x 32768 bounds the
+/// decoded size of any zstd data (dictionary or not). Used to refuse, at open, stores whose
+/// files could not produce the records they claim.
+pub const MAX_ZSTD_EXPANSION: u64 = 1 << 15;
 
 /// How records are encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -320,12 +320,17 @@ impl StoreCore {
         let index = open_index(loc, &manifest, &mpath)?;
         let shapes = open_shapes(loc, &manifest, &mpath, d.ndim)?;
         let shards = open_shards(loc, &manifest, &mpath)?;
-        // A raw dense store's records are stored as they are: the data files must hold them
-        // all, so no gather can ask for more memory than the files could produce.
-        if d.codec == Codec::Raw && manifest.kind == Kind::Dense {
+        // A dense store's data files must be able to produce all its records: raw records are
+        // stored as they are, and zstd expands at most MAX_ZSTD_EXPANSION-fold. So no gather can
+        // ask for more memory than the files could produce.
+        if manifest.kind == Kind::Dense {
             let held: u128 = shards.iter().map(|s| s.len().saturating_sub(HEADER_BYTES as u64) as u128).sum();
-            if d.record_bytes as u128 * manifest.record_count as u128 > held {
-                return Err(Error::corrupt(&mpath, format!("{} raw records of {} bytes do not fit in data files of {held} bytes", manifest.record_count, d.record_bytes)));
+            let can_produce = if d.codec == Codec::Raw { held } else { held * crate::store::codec::MAX_ZSTD_EXPANSION as u128 };
+            if d.record_bytes as u128 * manifest.record_count as u128 > can_produce {
+                return Err(Error::corrupt(
+                    &mpath,
+                    format!("{} {} records of {} bytes cannot come from data files of {held} bytes", manifest.record_count, d.codec, d.record_bytes),
+                ));
             }
         }
         let dictionary = read_dictionary(loc, &manifest, &mpath, d.codec)?;

@@ -115,9 +115,15 @@ pub fn dict_for(samples: &[Vec<u8>]) -> Vec<u8> {
 /// Run the `#[ignore]`d test `helper` of the current test binary as a child process with
 /// `env` set, stdout piped (for "started" lines), stderr discarded.
 pub fn spawn_helper(helper: &str, env: (&str, String)) -> (std::process::Child, std::io::BufReader<std::process::ChildStdout>) {
+    spawn_helper_with(helper, &[env])
+}
+
+/// [`spawn_helper`] with several environment variables.
+#[allow(dead_code)]
+pub fn spawn_helper_with(helper: &str, envs: &[(&str, String)]) -> (std::process::Child, std::io::BufReader<std::process::ChildStdout>) {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([helper, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(env.0, env.1)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -293,3 +293,48 @@ def test_copy_dictionary_option_naming_a_fifo_does_not_hang(tmp_path, store):
     with pytest.raises(ValueError, match="not a regular file"):
         ctx.sql(f"COPY (SELECT s FROM '{store[0]}') TO '{tmp_path / 'out'}' STORED AS ZRECORD OPTIONS (codec 'zstd_dict', dictionary '{fifo}')")
     assert not (tmp_path / "out").exists()
+
+
+def test_loader_in_a_cycle_through_its_transform_is_collected():
+    """A transform that refers back to its loader makes a reference cycle through Rust: the
+    garbage collector sees it (Loader.__traverse__) and breaks it (__clear__ closes the loader
+    and joins its workers), so no worker threads leak."""
+    out = run_child(
+        """
+        import gc, time, tempfile
+        import numpy as np, zrecord as z
+
+        def threads():
+            with open("/proc/self/status") as f:
+                return int(next(l for l in f if l.startswith("Threads:")).split()[1])
+
+        d = tempfile.mkdtemp()
+        with z.DenseWriter(d + "/s", "int64", (1,), "raw") as w:
+            w.append(np.arange(64, dtype=np.int64).reshape(64, 1))
+        view = z.DenseStore(d + "/s").bind(z.Allocator())
+        warm = z.Loader({"x": [view]}, z.Sampler(64, 4, "iid", seed=1), workers=2, prefetch=2)
+        next(iter(warm))
+        warm.close()
+        del warm
+        base = threads()
+        for k in range(3):
+            holder = {}
+
+            def transform(parts, holder=holder):
+                holder["loader"].state_dict()
+                return parts
+
+            l = z.Loader({"x": [view]}, z.Sampler(64, 4, "iid", seed=k), workers=2, prefetch=2, transform=transform)
+            holder["loader"] = l
+            next(iter(l))
+            del l, transform, holder
+        gc.collect()
+        deadline = time.monotonic() + 20
+        while threads() > base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threads() <= base, (threads(), base)
+        print("ok")
+        """,
+        timeout=120,
+    )
+    assert "ok" in out
