@@ -265,6 +265,8 @@ fn killed_at_random_points_never_publishes_half_a_store() {
 // EIO: one write or fsync fails (tests/fixtures/eio_preload.c, preloaded into a child process)
 
 const EIO_CHILD_ENV: &str = "ZRECORD_FAULTS_EIO_CHILD";
+/// Marks the helper's result line in its output.
+const RESULT: &str = "EIO-RESULT ";
 
 /// Build the EIO shim with the system C compiler. `None` where there is none (the caller skips).
 fn build_eio_shim(dir: &Path) -> Option<PathBuf> {
@@ -282,8 +284,8 @@ fn build_eio_shim(dir: &Path) -> Option<PathBuf> {
     ok.then_some(out)
 }
 
-/// Child process: one write of kind `mode` to `dest`, then a line `ok`, or
-/// `err<TAB>path<TAB>errno<TAB>message` with the innermost I/O error.
+/// Child process: one write of kind `mode` to `dest`, then `EIO-RESULT ok`, or
+/// `EIO-RESULT err<TAB>path<TAB>errno<TAB>message` with the innermost I/O error.
 #[test]
 #[ignore = "helper process for one_eio_at_every_write_and_fsync_fails_cleanly"]
 fn helper_eio_writer() {
@@ -328,12 +330,12 @@ fn helper_eio_writer() {
         Ok(())
     })();
     match r {
-        Ok(()) => println!("ok"),
+        Ok(()) => println!("{RESULT}ok"),
         Err(e) => {
             let msg = e.to_string().replace(['\t', '\n'], " ");
             match e.root() {
-                Error::Io { path, source } => println!("err\t{}\t{}\t{msg}", path.display(), source.raw_os_error().unwrap_or(-1)),
-                other => println!("err\t-\t-1\t{msg} (root: {other})"),
+                Error::Io { path, source } => println!("{RESULT}err\t{}\t{}\t{msg}", path.display(), source.raw_os_error().unwrap_or(-1)),
+                other => println!("{RESULT}err\t-\t-1\t{msg} (root: {other})"),
             }
         }
     }
@@ -383,7 +385,9 @@ fn one_eio_at_every_write_and_fsync_fails_cleanly() {
                 let mut text = String::new();
                 std::io::Read::read_to_string(&mut out, &mut text).unwrap();
                 assert!(child.wait().unwrap().success(), "{mode} {op} {pattern} #{n}: child failed: {text}");
-                let line = text.lines().find(|l| *l == "ok" || l.starts_with("err\t")).unwrap_or_else(|| panic!("no result line: {text}"));
+                // The test harness prints "test helper_eio_writer ... " before the helper's own
+                // output on the same line: take what follows the marker.
+                let line = text.split(RESULT).nth(1).and_then(|r| r.lines().next()).unwrap_or_else(|| panic!("no result line: {text}"));
                 let ctx = format!("{mode} {op}:{pattern}:{n}");
                 assert!(leftovers(dir.path()).unwrap().is_empty(), "{ctx}: staging folder left behind");
                 if line == "ok" {
@@ -413,6 +417,7 @@ fn one_eio_at_every_write_and_fsync_fails_cleanly() {
             }
         }
     }
+    eprintln!("{injected} single EIO failures injected");
     assert!(injected >= 40, "only {injected} injected failures");
 }
 

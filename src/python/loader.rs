@@ -1,6 +1,6 @@
 //! Sampler and Loader for Python.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -206,9 +206,28 @@ pub struct PyLoader {
     /// Position / close access that never waits on `inner` (which `__next__` holds while the
     /// transform runs): a transform may call `state_dict()` or `close()` on its own loader.
     handle: LoaderHandle,
-    /// The Python objects the loader calls (transform, custom sampler), for the garbage
-    /// collector: a transform that refers back to its loader makes a cycle it must see.
-    refs: Vec<Py<PyAny>>,
+    /// The Python objects the loader calls, held only here (the worker closures borrow them
+    /// from this slot), so that the garbage collector sees every reference: a transform or
+    /// sampler that refers back to its loader makes a cycle it can then break.
+    refs: Arc<RwLock<LoaderRefs>>,
+}
+
+/// See [`PyLoader::refs`].
+#[derive(Default)]
+struct LoaderRefs {
+    transform: Option<Py<PyAny>>,
+    sampler: Option<Py<PyAny>>,
+}
+
+impl LoaderRefs {
+    /// A new reference to the transform (taken with the GIL held, dropped after the call).
+    fn transform(slot: &RwLock<LoaderRefs>, py: Python<'_>) -> Option<Py<PyAny>> {
+        slot.read().unwrap_or_else(|p| p.into_inner()).transform.as_ref().map(|f| f.clone_ref(py))
+    }
+
+    fn sampler(slot: &RwLock<LoaderRefs>, py: Python<'_>) -> Option<Py<PyAny>> {
+        slot.read().unwrap_or_else(|p| p.into_inner()).sampler.as_ref().map(|f| f.clone_ref(py))
+    }
 }
 
 fn stream_views(streams: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<SourceView>)>> {
@@ -249,12 +268,15 @@ impl PyLoader {
     ) -> PyResult<Self> {
         let views = stream_views(streams)?;
         let options = LoaderOptions { workers, prefetch, rank, world_size };
-        let mut refs: Vec<Py<PyAny>> = transform.iter().map(|t| t.clone_ref(py)).collect();
+        let has_transform = transform.is_some();
+        let refs = Arc::new(RwLock::new(LoaderRefs { transform, sampler: None }));
+        let slot = refs.clone();
         let make = move |_step: u64, parts: Vec<PositionBatch>| -> StepResult {
             Python::attach(|py| {
                 let list = parts_to_py(py, parts)?;
-                match &transform {
+                match LoaderRefs::transform(&slot, py) {
                     Some(f) => Ok(f.bind(py).call1((list,))?.unbind()),
+                    None if has_transform => Err(PyValueError::new_err("loader is closed")),
                     None => Ok(list.into_any().unbind()),
                 }
             })
@@ -273,14 +295,15 @@ impl PyLoader {
             }
             let first = ids_from_py(&sampler.call_method0("next")?).py_err()?;
             let batch = first.len();
-            let obj = sampler.clone().unbind();
-            refs.push(obj.clone_ref(py));
+            refs.write().unwrap_or_else(|p| p.into_inner()).sampler = Some(sampler.clone().unbind());
+            let slot = refs.clone();
             let mut pending = Some(first);
             let draw = Box::new(move || -> crate::error::Result<Vec<u64>> {
                 if let Some(f) = pending.take() {
                     return Ok(f);
                 }
                 Python::attach(|py| {
+                    let obj = LoaderRefs::sampler(&slot, py).ok_or(crate::error::Error::Closed { what: "loader" })?;
                     let r = obj.bind(py).call_method0("next").map_err(|e| crate::error::Error::invalid("sampler", format!("next() raised: {e}")))?;
                     ids_from_py(&r)
                 })
@@ -292,8 +315,10 @@ impl PyLoader {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for r in &self.refs {
-            visit.call(r)?;
+        // Never block the collector: a writer holds the lock only while clearing.
+        if let Ok(r) = self.refs.try_read() {
+            visit.call(&r.transform)?;
+            visit.call(&r.sampler)?;
         }
         Ok(())
     }
@@ -306,7 +331,7 @@ impl PyLoader {
         if l.is_some() {
             Python::attach(|py| py.detach(move || drop(l)));
         }
-        self.refs.clear();
+        *self.refs.write().unwrap_or_else(|p| p.into_inner()) = LoaderRefs::default();
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
