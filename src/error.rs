@@ -172,6 +172,17 @@ pub enum Error {
         /// The cap.
         max_bytes: usize,
     },
+    /// Code run on a worker thread (a loader's transform or sampler) panicked; the panic is
+    /// caught there and delivered as this step's result instead of leaving the consumer waiting.
+    #[error("{what} panicked at step {step}: {message}")]
+    Panicked {
+        /// What panicked.
+        what: &'static str,
+        /// The step being produced.
+        step: u64,
+        /// The panic message.
+        message: String,
+    },
     /// An Arrow error (array construction, casts, IPC), kept whole.
     #[error("Arrow error: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),

@@ -258,7 +258,16 @@ fn transform_reentering_its_loader_neither_deadlocks_nor_corrupts() {
         let streams = vec![("x".to_string(), vec![SourceView::from(store.bind(&Allocator::cpu(0)))])];
         let opts = LoaderOptions { workers, prefetch: 2, rank: 0, world_size: 1 };
         let mut l = Loader::with_transform(streams, IdSource::Stateless(s), opts, move |step, _parts| {
-            let h = seen.get().expect("handle set before iterating");
+            // Workers start producing as soon as the loader exists, before the test has stored
+            // its handle: wait for it.
+            let t0 = std::time::Instant::now();
+            let h = loop {
+                match seen.get() {
+                    Some(h) => break h,
+                    None if t0.elapsed().as_secs() < 30 => std::thread::yield_now(),
+                    None => panic!("handle never set"),
+                }
+            };
             let pos = h.state().expect("alive while its transform runs");
             assert!(h.in_transform());
             if step == 3 {
@@ -366,5 +375,38 @@ fn loader_closed_from_another_thread_while_iterating() {
         closer.join().unwrap();
         assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>(), "workers={workers}");
         assert!(l.is_closed());
+    }
+}
+
+/// A transform that panics on a worker thread: that step's result is `Error::Panicked` with the
+/// message, the steps around it are delivered in order, and nothing hangs. (Without workers the
+/// panic unwinds into the caller, as any panic of its own code.)
+#[test]
+fn a_panicking_transform_on_a_worker_is_an_error_for_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    dense_store(&dir.path().join("s"), 64, 8, WriterOptions::default());
+    let Store::Dense(store) = Store::open(dir.path().join("s")).unwrap() else { panic!() };
+    for workers in [1, 3] {
+        let s = Sampler::new(64, 4, Mode::Sequential, 0).unwrap();
+        let streams = vec![("x".to_string(), vec![SourceView::from(store.bind(&Allocator::cpu(0)))])];
+        let opts = LoaderOptions { workers, prefetch: 2, rank: 0, world_size: 1 };
+        let mut l = Loader::with_transform(streams, IdSource::Stateless(s), opts, |step, _parts| {
+            if step == 2 {
+                panic!("bad record in step {step}");
+            }
+            step
+        })
+        .unwrap();
+        for want in 0..6u64 {
+            match l.next_step().expect("open") {
+                Ok(step) => assert_eq!(step, want),
+                Err(Error::Panicked { step, message, .. }) => {
+                    assert_eq!((want, step), (2, 2));
+                    assert_eq!(message, "bad record in step 2");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        l.close();
     }
 }

@@ -143,13 +143,15 @@ impl<T> Shared<T> {
                 let s = st.next_claim;
                 st.next_claim += 1;
                 // A stateful source must be drawn in step order: draw while claiming.
-                let drawn = if stateless { None } else { Some(self.draw(s)) };
+                let drawn = if stateless { None } else { Some(catch_panic("loader sampler", s, || self.draw(s))) };
                 (s, drawn, st.generation)
             };
-            let result = match drawn {
+            // A panic (in the transform, a custom sampler, or a bug of ours) becomes this step's
+            // error: a worker that died silently would leave the consumer waiting forever.
+            let result = catch_panic("loader worker", step, || match drawn {
                 Some(ids) => ids.and_then(|ids| self.produce(step, ids)),
                 None => self.draw(step).and_then(|ids| self.produce(step, ids)),
-            };
+            });
             let mut st = self.lock();
             if st.closed {
                 return;
@@ -162,6 +164,18 @@ impl<T> Shared<T> {
             self.cv.notify_all();
         }
     }
+}
+
+/// Run `f`, turning a panic into [`Error::Panicked`].
+fn catch_panic<R>(what: &'static str, step: u64, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        Err(Error::Panicked { what, step, message })
+    })
 }
 
 /// A deterministic, resumable loader over aligned named streams.

@@ -1,7 +1,7 @@
 //! The Python exception mapping, declared once.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -24,6 +24,7 @@ pub(crate) fn exception(e: &Error, msg: String) -> PyErr {
         Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
         Error::Corrupt { .. } | Error::Codec { .. } | Error::UnsupportedVersion { .. } => CorruptStoreError::new_err(msg),
         Error::OutOfMemory { .. } | Error::MemoryLimit { .. } => PyMemoryError::new_err(msg),
+        Error::Panicked { .. } => PyRuntimeError::new_err(msg),
         Error::Context { source, .. } => exception(source, msg),
         Error::DataFusion(_) | Error::Arrow(_) if !std::ptr::eq(e.root(), e) => exception(e.root(), msg),
         Error::Io { source, .. } => PyOSError::new_err((source.raw_os_error().unwrap_or(0), msg)),
