@@ -194,7 +194,7 @@ def test_ragged_offsets_changed_by_another_thread_during_appends(tmp_path):
 
 def _transform_script(workers, action):
     return f"""
-        import numpy as np, zrecord as z, tempfile, os
+        import numpy as np, zrecord as z, tempfile, os, time
         d = tempfile.mkdtemp()
         with z.DenseWriter(d + "/s", "int64", (1,), "raw") as w:
             w.append(np.arange(64, dtype=np.int64).reshape(64, 1))
@@ -202,6 +202,9 @@ def _transform_script(workers, action):
         seen = []
         holder = {{}}
         def transform(parts):
+            # Workers start as soon as the loader exists, before holder is filled: wait.
+            while "l" not in holder:
+                time.sleep(0.001)
             l = holder["l"]
             seen.append(l.state_dict()["step"])
             if {action!r} == "close" and len(seen) == 3:
@@ -321,7 +324,9 @@ def test_loader_in_a_cycle_through_its_transform_is_collected():
             holder = {}
 
             def transform(parts, holder=holder):
-                holder["loader"].state_dict()
+                # Workers start as soon as the loader exists, before holder is filled.
+                if "loader" in holder:
+                    holder["loader"].state_dict()
                 return parts
 
             l = z.Loader({"x": [view]}, z.Sampler(64, 4, "iid", seed=k), workers=2, prefetch=2, transform=transform)
