@@ -22,6 +22,19 @@ fn dense_store(path: &Path, n: usize, record: usize, opts: WriterOptions) -> Vec
     data
 }
 
+/// A loader over one dense stream `x` of `store`, drawing `sampler` with `workers` and `prefetch`.
+fn loader_over<T: Send + 'static>(
+    store: &zrecord::store::DenseStore,
+    sampler: Sampler,
+    workers: usize,
+    prefetch: usize,
+    transform: impl Fn(u64, Vec<zrecord::loader::PositionBatch>) -> T + Send + Sync + 'static,
+) -> Loader<T> {
+    let streams = vec![("x".to_string(), vec![SourceView::from(store.bind(&Allocator::cpu(1 << 20)))])];
+    let opts = LoaderOptions { workers, prefetch, rank: 0, world_size: 1 };
+    Loader::with_transform(streams, IdSource::Stateless(sampler), opts, transform).unwrap()
+}
+
 #[test]
 fn absurd_sampler_and_loader_sizes_are_typed_errors() {
     for mode in [Mode::Iid, Mode::Sequential] {
@@ -255,9 +268,7 @@ fn transform_reentering_its_loader_neither_deadlocks_nor_corrupts() {
         let slot: Arc<std::sync::OnceLock<zrecord::loader::LoaderHandle>> = Arc::default();
         let seen = slot.clone();
         let s = Sampler::new(64, 4, Mode::Sequential, 0).unwrap();
-        let streams = vec![("x".to_string(), vec![SourceView::from(store.bind(&Allocator::cpu(0)))])];
-        let opts = LoaderOptions { workers, prefetch: 2, rank: 0, world_size: 1 };
-        let mut l = Loader::with_transform(streams, IdSource::Stateless(s), opts, move |step, _parts| {
+        let mut l = loader_over(&store, s, workers, 2, move |step, _parts| {
             // Workers start producing as soon as the loader exists, before the test has stored
             // its handle: wait for it.
             let t0 = std::time::Instant::now();
@@ -274,8 +285,7 @@ fn transform_reentering_its_loader_neither_deadlocks_nor_corrupts() {
                 h.close();
             }
             (step, pos)
-        })
-        .unwrap();
+        });
         slot.set(l.handle()).ok().unwrap();
         assert!(!l.handle().in_transform());
         let mut got = Vec::new();
@@ -358,10 +368,7 @@ fn loader_closed_from_another_thread_while_iterating() {
     dense_store(&dir.path().join("s"), 256, 16, WriterOptions::default());
     let Store::Dense(store) = Store::open(dir.path().join("s")).unwrap() else { panic!() };
     for workers in [0, 1, 3] {
-        let s = Sampler::new(256, 8, Mode::Iid, 7).unwrap();
-        let streams = vec![("x".to_string(), vec![SourceView::from(store.bind(&Allocator::cpu(1 << 20)))])];
-        let opts = LoaderOptions { workers, prefetch: 4, rank: 0, world_size: 1 };
-        let mut l = Loader::with_transform(streams, IdSource::Stateless(s), opts, |step, _parts| step).unwrap();
+        let mut l = loader_over(&store, Sampler::new(256, 8, Mode::Iid, 7).unwrap(), workers, 4, |step, _parts| step);
         let h = l.handle();
         let closer = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -388,15 +395,12 @@ fn a_panicking_transform_on_a_worker_is_an_error_for_its_step() {
     let Store::Dense(store) = Store::open(dir.path().join("s")).unwrap() else { panic!() };
     for workers in [1, 3] {
         let s = Sampler::new(64, 4, Mode::Sequential, 0).unwrap();
-        let streams = vec![("x".to_string(), vec![SourceView::from(store.bind(&Allocator::cpu(0)))])];
-        let opts = LoaderOptions { workers, prefetch: 2, rank: 0, world_size: 1 };
-        let mut l = Loader::with_transform(streams, IdSource::Stateless(s), opts, |step, _parts| {
+        let mut l = loader_over(&store, s, workers, 2, |step, _parts| {
             if step == 2 {
                 panic!("bad record in step {step}");
             }
             step
-        })
-        .unwrap();
+        });
         for want in 0..6u64 {
             match l.next_step().expect("open") {
                 Ok(step) => assert_eq!(step, want),

@@ -220,13 +220,10 @@ struct LoaderRefs {
 }
 
 impl LoaderRefs {
-    /// A new reference to the transform (taken with the GIL held, dropped after the call).
-    fn transform(slot: &RwLock<LoaderRefs>, py: Python<'_>) -> Option<Py<PyAny>> {
-        slot.read().unwrap_or_else(|p| p.into_inner()).transform.as_ref().map(|f| f.clone_ref(py))
-    }
-
-    fn sampler(slot: &RwLock<LoaderRefs>, py: Python<'_>) -> Option<Py<PyAny>> {
-        slot.read().unwrap_or_else(|p| p.into_inner()).sampler.as_ref().map(|f| f.clone_ref(py))
+    /// A new reference to the field `pick` chooses (taken with the GIL held, dropped after
+    /// the call); `None` once the loader was cleared.
+    fn get(slot: &RwLock<LoaderRefs>, py: Python<'_>, pick: fn(&LoaderRefs) -> &Option<Py<PyAny>>) -> Option<Py<PyAny>> {
+        pick(&slot.read().unwrap_or_else(|p| p.into_inner())).as_ref().map(|f| f.clone_ref(py))
     }
 }
 
@@ -274,7 +271,7 @@ impl PyLoader {
         let make = move |_step: u64, parts: Vec<PositionBatch>| -> StepResult {
             Python::attach(|py| {
                 let list = parts_to_py(py, parts)?;
-                match LoaderRefs::transform(&slot, py) {
+                match LoaderRefs::get(&slot, py, |r| &r.transform) {
                     Some(f) => Ok(f.bind(py).call1((list,))?.unbind()),
                     None if has_transform => Err(PyValueError::new_err("loader is closed")),
                     None => Ok(list.into_any().unbind()),
@@ -303,7 +300,7 @@ impl PyLoader {
                     return Ok(f);
                 }
                 Python::attach(|py| {
-                    let obj = LoaderRefs::sampler(&slot, py).ok_or(crate::error::Error::Closed { what: "loader" })?;
+                    let obj = LoaderRefs::get(&slot, py, |r| &r.sampler).ok_or(crate::error::Error::Closed { what: "loader" })?;
                     let r = obj.bind(py).call_method0("next").map_err(|e| crate::error::Error::invalid("sampler", format!("next() raised: {e}")))?;
                     ids_from_py(&r)
                 })
