@@ -17,7 +17,7 @@ use criterion::Throughput;
 use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::prelude::SessionContext;
 use zrecord::prelude::*;
-use zrecord::query::{zrecord_context, ZrecordTable};
+use zrecord::query::{zrecord_context, PlanCache, PreparedQuery, ZrecordTable};
 use zrecord::sample::SplitMix64;
 
 const BATCH: usize = 256;
@@ -79,6 +79,29 @@ fn main() {
             }
             v
         });
+        // The same SQL text through a plan cache (`_id IN` lists lifted into parameters): what
+        // Python's `SessionContext.sql` does.
+        let cache = PlanCache::default();
+        let mut i = 0usize;
+        g.bench_function("sql_in_list_cached", |b| {
+            b.iter(|| {
+                i = (i + 1) % BATCHES;
+                black_box(rt.block_on(async {
+                    let (q, values) = cache.prepared(&ctx, &queries[i]).await.expect("a lookup shape");
+                    q.execute(values).await.expect("run")
+                }))
+            })
+        });
+        // Prepared once, executed with new ids: no SQL text, the physical plan reused.
+        let prepared = rt.block_on(PreparedQuery::new(&ctx, "SELECT x FROM t WHERE _id = ANY($1)")).expect("prepare");
+        assert!(prepared.reuses_plan());
+        let mut i = 0usize;
+        g.bench_function("sql_prepared", |b| {
+            b.iter(|| {
+                i = (i + 1) % BATCHES;
+                black_box(rt.block_on(prepared.lookup(&batches[i])).expect("run"))
+            })
+        });
         let task = ctx.task_ctx();
         let mut i = 0usize;
         g.bench_function("sql_execute_only", |b| {
@@ -123,21 +146,31 @@ fn main() {
     c.final_summary();
     let _ = std::fs::remove_dir_all(&dir);
     println!("\n## SQL (DataFusion), {} threads\n", rayon::current_num_threads());
-    println!("| workload | SQL IN (256 ids) | of which planned once (execute only) | direct gather | SQL / direct (target <= 1.5) | execute / direct | zrecord scan | Arrow IPC scan | IPC / zrecord (target >= 1.0) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| workload | SQL IN (256 ids), planned each time | same text, plan cache | prepared `_id = ANY($1)` | plans made once (execute only) | direct gather | planned / direct | cached / direct (target <= 5) | prepared / direct (target <= 1.5) | execute / direct | zrecord scan | Arrow IPC scan | IPC / zrecord (target >= 1.0) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, g1, g2, bb, total) in summary {
-        let (Some(sql), Some(exec), Some(direct), Some(scan), Some(ipc)) =
-            (mean_ns(&g1, "sql_in_list"), mean_ns(&g1, "sql_execute_only"), mean_ns(&g1, "direct_gather"), mean_ns(&g2, "zrecord_scan"), mean_ns(&g2, "arrow_ipc_scan"))
-        else {
+        let (Some(sql), Some(cached), Some(prep), Some(exec), Some(direct), Some(scan), Some(ipc)) = (
+            mean_ns(&g1, "sql_in_list"),
+            mean_ns(&g1, "sql_in_list_cached"),
+            mean_ns(&g1, "sql_prepared"),
+            mean_ns(&g1, "sql_execute_only"),
+            mean_ns(&g1, "direct_gather"),
+            mean_ns(&g2, "zrecord_scan"),
+            mean_ns(&g2, "arrow_ipc_scan"),
+        ) else {
             continue;
         };
         println!(
-            "| {name} | {:.0} us ({:.2} GiB/s) | {:.0} us | {:.0} us | {:.2}x | {:.2}x | {:.1} ms ({:.2} GiB/s) | {:.1} ms | {:.2}x |",
+            "| {name} | {:.0} us ({:.2} GiB/s) | {:.0} us | {:.0} us | {:.0} us | {:.0} us | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {:.1} ms ({:.2} GiB/s) | {:.1} ms | {:.2}x |",
             sql / 1e3,
             common::gib(bb, sql),
+            cached / 1e3,
+            prep / 1e3,
             exec / 1e3,
             direct / 1e3,
             sql / direct,
+            cached / direct,
+            prep / direct,
             exec / direct,
             scan / 1e6,
             common::gib(total as f64, scan),

@@ -323,6 +323,18 @@ impl From<Error> for arrow_schema::ArrowError {
     }
 }
 
+/// Run `f`, turning a panic into [`Error::Panicked`].
+pub(crate) fn catch_panic<R>(what: &'static str, step: u64, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        Err(Error::Panicked { what, step, message })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyArrowLoader>()?;
     m.add_class::<sql::PySessionContext>()?;
     m.add_class::<sql::PyQueryResult>()?;
+    m.add_class::<sql::PyPreparedStatement>()?;
     m.add_class::<sql::PyTable>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;

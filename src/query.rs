@@ -47,8 +47,10 @@ pub mod dataset {
     pub use crate::arrow::DatasetWriter;
     pub use crate::store::dataset::*;
 }
+pub mod cache;
 mod functions;
 pub mod ids;
+mod prepared;
 mod rules;
 mod sink;
 mod table;
@@ -64,6 +66,8 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use dataset::{Dataset, DatasetWriter, Stream};
+pub use cache::PlanCache;
+pub use prepared::{id_list, PreparedQuery};
 pub use functions::{info_batch, GatherFunction, InfoFunction, LoaderExec, LoaderFunction, LoaderTable};
 pub use rules::UnsignedLiterals;
 pub use sink::{plan_columns, writer_options, CopyProgress, ZrecordFormat, ZrecordFormatFactory, ZrecordTableFactory};

@@ -182,17 +182,22 @@ fn dataset(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
     root
 }
 
+/// Table `t` over `root` in a context of 4 partitions and batches of 64 rows; its stores count
+/// the records gathered through them.
+fn counted_table(root: &std::path::Path) -> (SessionContext, Arc<ZrecordTable>) {
+    let ctx = zrecord_context_with_config(SessionConfig::new().with_target_partitions(4).with_batch_size(64));
+    let table = Arc::new(ZrecordTable::open(root).unwrap());
+    ctx.register_table("t", table.clone()).unwrap();
+    (ctx, table)
+}
+
 /// A counting reader: every store counts the records gathered through it.
 #[test]
 fn pushdown_reads_only_selected_records_and_streams() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path(), 1000);
-    let rt = rt();
-    rt.block_on(async {
-        let ctx = zrecord_context_with_config(SessionConfig::new().with_target_partitions(4).with_batch_size(64));
-        let table = Arc::new(ZrecordTable::open(&root).unwrap());
-        ctx.register_table("t", table.clone()).unwrap();
-        let reads = || table.dataset().streams().iter().map(|s| s.store().unwrap().records_read()).collect::<Vec<_>>();
+    let (ctx, table) = counted_table(&dataset(dir.path(), 1000));
+    let reads = || table.dataset().streams().iter().map(|s| s.store().unwrap().records_read()).collect::<Vec<_>>();
+    rt().block_on(async {
 
         let r = collect(&ctx, "SELECT a FROM t WHERE _id IN (500, 3, 7, 3)").await;
         let mut a = column(&r, "a");
@@ -322,5 +327,102 @@ fn scan_batches_are_capped_by_bytes() {
         assert_eq!(r.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![32, 8]);
         let last = r[1].column(0).as_any().downcast_ref::<FixedSizeListArray>().unwrap();
         assert_eq!(last.value(7).to_data().buffers()[0].as_slice()[..rec].iter().filter(|&&b| b == 39).count(), rec);
+    });
+}
+
+/// Prepared statements: `_id = ANY($1)` / `_id = $1` reuse the physical plan (bound scans read
+/// exactly the bound ids: read counters), other parameters re-plan per execution; both agree
+/// with the same query written with literals.
+#[test]
+fn prepared_statements_bind_ids_and_reuse_the_plan() {
+    use datafusion::common::ScalarValue;
+    use zrecord::query::PreparedQuery;
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, table) = counted_table(&dataset(dir.path(), 1000));
+    let reads = || table.dataset().streams().iter().map(|s| s.store().unwrap().records_read()).collect::<Vec<_>>();
+    rt().block_on(async {
+
+        let q = PreparedQuery::new(&ctx, "SELECT _id, a FROM t WHERE _id = ANY($1)").await.unwrap();
+        assert!(q.reuses_plan(), "{q:?}");
+        assert_eq!(q.parameters(), ["$1"]);
+        let plan = datafusion::physical_plan::displayable(q.physical_plan().unwrap().as_ref()).indent(false).to_string();
+        assert!(plan.contains("ids=bound at execution from ANY($1)"), "{plan}");
+        assert_eq!(reads(), vec![0, 0], "preparing reads nothing");
+        // Ids in any order, duplicates and ids past the end: rows in id order, as IN.
+        let r = q.lookup(&[500, 3, 7, 3, 1000, u64::MAX]).await.unwrap();
+        assert_eq!(column(&r, "_id"), vec!["3", "7", "500"]);
+        assert_eq!(column(&r, "a"), vec!["[6, 7]", "[14, 15]", "[1000, 1001]"]);
+        assert_eq!(reads(), vec![3, 0], "exactly the bound ids of stream a were read");
+        // Each execution binds afresh; the plan is not changed by executing it.
+        let r = q.lookup(&[999]).await.unwrap();
+        assert_eq!(column(&r, "a"), vec!["[1998, 1999]"]);
+        let r = q.lookup(&[]).await.unwrap();
+        assert_eq!(r.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+        // execute() with a list value, against the literal query.
+        let list = ScalarValue::List(ScalarValue::new_list_nullable(&[ScalarValue::Int64(Some(42)), ScalarValue::Int64(None), ScalarValue::Int64(Some(-1)), ScalarValue::Int64(Some(8))], &DataType::Int64));
+        let r = q.execute(vec![list]).await.unwrap();
+        let want = collect(&ctx, "SELECT _id, a FROM t WHERE _id IN (42, 8) ORDER BY _id").await;
+        assert_eq!(column(&r, "a"), column(&want, "a"));
+        assert_eq!(column(&r, "_id"), vec!["8", "42"]);
+        // More ids than one output batch: batches of at most 64 rows, all of them, in order.
+        let many: Vec<u64> = (0..300).map(|i| (i * 7) % 1000).collect();
+        let r = q.lookup(&many).await.unwrap();
+        assert!(r.iter().all(|b| b.num_rows() <= 64));
+        let mut want: Vec<u64> = many.clone();
+        want.sort_unstable();
+        want.dedup();
+        assert_eq!(column(&r, "_id"), want.iter().map(|i| i.to_string()).collect::<Vec<_>>());
+
+        // Parameters combined with literal filters, other columns, aggregates and LIMIT.
+        let q = PreparedQuery::new(&ctx, "SELECT count(*) AS n, sum(b) AS s FROM t WHERE _id = ANY($1) AND _id < 500 AND b > 2").await.unwrap();
+        assert!(q.reuses_plan());
+        let ids: Vec<u64> = (0..1000).step_by(3).collect();
+        let r = q.lookup(&ids).await.unwrap();
+        let lit = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let want = collect(&ctx, &format!("SELECT count(*) AS n, sum(b) AS s FROM t WHERE _id IN ({lit}) AND _id < 500 AND b > 2")).await;
+        assert_eq!((column(&r, "n"), column(&r, "s")), (column(&want, "n"), column(&want, "s")));
+        assert_ne!(column(&r, "n"), vec!["0"], "the statistics of an unbound scan are not an exact 0");
+        let q = PreparedQuery::new(&ctx, "SELECT _id FROM t WHERE _id = ANY($1) LIMIT 2").await.unwrap();
+        assert_eq!(column(&q.lookup(&[9, 1, 5, 7]).await.unwrap(), "_id"), vec!["1", "5"]);
+
+        // One id.
+        let q = PreparedQuery::new(&ctx, "SELECT b FROM t WHERE _id = $1").await.unwrap();
+        assert!(q.reuses_plan());
+        assert_eq!(column(&q.execute(vec![ScalarValue::UInt64(Some(13))]).await.unwrap(), "b"), vec!["3"]);
+        assert_eq!(q.execute(vec![ScalarValue::UInt64(Some(5000))]).await.unwrap().iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+        let e = q.lookup(&[1, 2]).await.unwrap_err();
+        assert!(e.to_string().contains("not an id list"), "{e}");
+
+        // A parameter that is not an _id filter: parsed once, re-planned per execution.
+        let q = PreparedQuery::new(&ctx, "SELECT _id FROM t WHERE b = $1 AND _id < $2 ORDER BY _id").await.unwrap();
+        assert!(!q.reuses_plan());
+        assert_eq!(q.parameters(), ["$1", "$2"]);
+        let r = q.execute(vec![ScalarValue::Int32(Some(4)), ScalarValue::UInt64(Some(40))]).await.unwrap();
+        assert_eq!(column(&r, "_id"), vec!["4", "14", "24", "34"]);
+        // A declared PREPARE statement works the same.
+        let q = PreparedQuery::new(&ctx, "PREPARE p(BIGINT[]) AS SELECT _id FROM t WHERE _id = ANY($1)").await.unwrap();
+        assert!(q.reuses_plan());
+        assert_eq!(column(&q.lookup(&[2, 1]).await.unwrap(), "_id"), vec!["1", "2"]);
+
+        // Errors: wrong number of values, wrong value types, statements, named or gapped parameters.
+        let q = PreparedQuery::new(&ctx, "SELECT _id FROM t WHERE _id = ANY($1)").await.unwrap();
+        let e = q.execute(vec![]).await.unwrap_err();
+        assert!(e.to_string().contains("1 parameters, 0 values"), "{e}");
+        let e = q.execute(vec![ScalarValue::Utf8(Some("x".into()))]).await.unwrap_err();
+        assert!(e.to_string().contains("$1 binds _id values"), "{e}");
+        assert!(matches!(zrecord_error(&e), Some(zrecord::Error::InvalidArgument { .. })), "{e:?}");
+        for bad in ["CREATE TABLE x AS SELECT 1", "SELECT _id FROM t WHERE _id = ANY($2)", "SELECT _id FROM t WHERE _id = ANY($ids)"] {
+            let e = PreparedQuery::new(&ctx, bad).await.unwrap_err();
+            assert!(matches!(zrecord_error(&e), Some(zrecord::Error::InvalidArgument { .. })), "{bad}: {e}");
+        }
+        // Running the parameterised plan without binding it is an error, not an empty result.
+        let df = ctx.sql("SELECT _id FROM t WHERE _id = ANY($1)").await.unwrap();
+        assert!(df.collect().await.is_err());
+
+        // SQL PREPARE / EXECUTE: values given as SQL literals.
+        collect(&ctx, "PREPARE q(BIGINT[]) AS SELECT _id, b FROM t WHERE _id = ANY($1)").await;
+        let r = collect(&ctx, "EXECUTE q([17, 3, 17])").await;
+        assert_eq!(column(&r, "_id"), vec!["3", "17"]);
+        assert_eq!(column(&r, "b"), vec!["3", "7"]);
     });
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 use crate::loader::sampler::Sampler;
 use crate::store::{Batch, SourceView};
 
@@ -164,18 +164,6 @@ impl<T> Shared<T> {
             self.cv.notify_all();
         }
     }
-}
-
-/// Run `f`, turning a panic into [`Error::Panicked`].
-fn catch_panic<R>(what: &'static str, step: u64, f: impl FnOnce() -> Result<R>) -> Result<R> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".into());
-        Err(Error::Panicked { what, step, message })
-    })
 }
 
 /// A deterministic, resumable loader over aligned named streams.

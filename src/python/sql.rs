@@ -19,7 +19,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods};
 
 use crate::python::errors::{exception, IntoPy};
-use crate::query::{zrecord_context_with_config, zrecord_error, SessionContextExt, ZrecordTable};
+use crate::query::{id_list, zrecord_context_with_config, zrecord_error, PlanCache, PreparedQuery, SessionContextExt, ZrecordTable};
+use datafusion::common::ScalarValue;
 
 /// One multi-threaded runtime for every query started from Python.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -49,6 +50,8 @@ pub(crate) fn df_to_py(e: DataFusionError) -> PyErr {
 #[pyclass(name = "SessionContext", module = "zrecord")]
 pub struct PySessionContext {
     ctx: SessionContext,
+    /// Plans of `_id IN (...)` query shapes, reused by `sql` (cleared on any catalog change).
+    cache: Arc<PlanCache>,
 }
 
 #[pymethods]
@@ -69,11 +72,12 @@ impl PySessionContext {
             }
             config = config.with_batch_size(b);
         }
-        Ok(PySessionContext { ctx: zrecord_context_with_config(config) })
+        Ok(PySessionContext { ctx: zrecord_context_with_config(config), cache: Arc::new(PlanCache::default()) })
     }
 
     /// Register the store or dataset root at `path` as table `name`.
     fn register(&self, name: &str, path: std::path::PathBuf) -> PyResult<()> {
+        self.cache.clear();
         self.ctx.register_zrecord(name, &path).map_err(df_to_py)
     }
 
@@ -85,6 +89,7 @@ impl PySessionContext {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!("register_arrow needs Arrow data (an object with __arrow_c_stream__), got {ty}")));
         }
         let (batches, schema) = data.extract::<pyo3_arrow::PyTable>()?.into_inner();
+        self.cache.clear();
         py.detach(|| {
             let t = datafusion::datasource::MemTable::try_new(schema, vec![batches])?;
             self.ctx.register_table(name, Arc::new(t)).map(|_| ())
@@ -99,11 +104,13 @@ impl PySessionContext {
         let streams = crate::python::source::streams_of(streams)?;
         let ds = crate::store::Dataset::from_streams(std::path::PathBuf::from(name), streams).py_err()?;
         let table = ZrecordTable::new(ds).py_err()?;
+        self.cache.clear();
         self.ctx.register_table(name, Arc::new(table)).map(|_| ()).map_err(df_to_py)
     }
 
     /// Drop a registered table.
     fn deregister(&self, name: &str) -> PyResult<()> {
+        self.cache.clear();
         self.ctx.deregister_table(name).map(|_| ()).map_err(df_to_py)
     }
 
@@ -123,6 +130,17 @@ impl PySessionContext {
     fn sql(&self, py: Python<'_>, query: &str, progress: Option<bool>) -> PyResult<PyQueryResult> {
         let ctx = self.ctx.clone();
         let query = query.to_string();
+        // A lookup shape seen before (`... WHERE _id IN (<ids>)`): its plan, with these ids.
+        let cache = self.cache.clone();
+        if let Some((plan, values)) = py.detach(|| runtime().block_on(cache.prepared(&ctx, &query))) {
+            return Ok(PyQueryResult { df: None, done: None, prepared: Some(Prepared { plan, values, ctx, sql: query }) });
+        }
+        // Anything but a plain query may change the catalog or the session (DDL, which
+        // DataFusion runs inside `sql`, COPY, SET, ...): cached plans may no longer apply.
+        let first = query.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
+        if !matches!(first.as_str(), "SELECT" | "WITH" | "VALUES" | "EXPLAIN") {
+            self.cache.clear();
+        }
         let df = py.detach(|| runtime().block_on(ctx.sql(&query))).map_err(df_to_py)?;
         if matches!(df.logical_plan(), LogicalPlan::Copy(_)) {
             let schema: SchemaRef = df.schema().inner().clone();
@@ -130,19 +148,136 @@ impl PySessionContext {
                 let df = crate::query::CopyProgress::attach(df, done);
                 runtime().block_on(df.collect()).map_err(crate::error::Error::from)
             })?;
-            return Ok(PyQueryResult { df: None, done: Some((schema, batches)) });
+            return Ok(PyQueryResult { df: None, done: Some((schema, batches)), prepared: None });
         }
         let eager = matches!(df.logical_plan(), LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Statement(_));
         if eager {
             let schema: SchemaRef = df.schema().inner().clone();
             let batches = py.detach(|| runtime().block_on(df.collect())).map_err(df_to_py)?;
-            return Ok(PyQueryResult { df: None, done: Some((schema, batches)) });
+            return Ok(PyQueryResult { df: None, done: Some((schema, batches)), prepared: None });
         }
-        Ok(PyQueryResult { df: Some(df), done: None })
+        Ok(PyQueryResult { df: Some(df), done: None, prepared: None })
+    }
+
+    /// Prepare `query` once (parsed, planned) to execute many times with new values for its
+    /// parameters `$1`, `$2`, ... . `WHERE _id = ANY($1)` takes an id array: executions of such
+    /// a statement reuse the physical plan and run no SQL text.
+    fn prepare(&self, py: Python<'_>, query: &str) -> PyResult<PyPreparedStatement> {
+        let ctx = self.ctx.clone();
+        let query = query.to_string();
+        let inner = py.detach(|| runtime().block_on(PreparedQuery::new(&ctx, &query))).map_err(df_to_py)?;
+        Ok(PyPreparedStatement { inner: Arc::new(inner) })
     }
 
     fn __repr__(&self) -> String {
         format!("SessionContext(tables={:?})", self.tables())
+    }
+}
+
+/// Ids from a 1-D integer array (NumPy, torch, anything DLPack) or a sequence of ints.
+fn ids_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    if obj.hasattr("__dlpack__")? || obj.hasattr("__array_interface__")? {
+        let im = crate::python::input::Imported::from_any(obj)?;
+        return im.index_ids(u64::MAX).map_err(|e| {
+            if e.is_instance_of::<pyo3::exceptions::PyIndexError>(obj.py()) {
+                pyo3::exceptions::PyIndexError::new_err("ids must be non-negative")
+            } else {
+                e
+            }
+        });
+    }
+    let items: Vec<Bound<'_, PyAny>> = obj.try_iter().map_err(|_| pyo3::exceptions::PyTypeError::new_err(format!("ids must be an integer array or a sequence of ints, got {}", obj.get_type().name().map(|n| n.to_string()).unwrap_or_default())))?.collect::<PyResult<_>>()?;
+    items
+        .iter()
+        .map(|x| match x.extract::<i128>() {
+            Ok(i) if (0..=u64::MAX as i128).contains(&i) => Ok(i as u64),
+            Ok(i) => Err(pyo3::exceptions::PyIndexError::new_err(format!("ids must be non-negative integers below 2**64, got {i}"))),
+            Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!("ids must be integers, got {}", x.get_type().name().map(|n| n.to_string()).unwrap_or_default()))),
+        })
+        .collect()
+}
+
+/// A Python value as a statement parameter value.
+fn param_value(obj: &Bound<'_, PyAny>) -> PyResult<ScalarValue> {
+    use pyo3::types::{PyBool, PyBytes, PyFloat, PyString};
+    if obj.is_none() {
+        return Ok(ScalarValue::Null);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(ScalarValue::Boolean(Some(b.is_true())));
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Ok(ScalarValue::Float64(Some(f.value())));
+    }
+    if let Ok(t) = obj.cast::<PyString>() {
+        return Ok(ScalarValue::Utf8(Some(t.to_str()?.to_string())));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(ScalarValue::Binary(Some(b.as_bytes().to_vec())));
+    }
+    if let Ok(i) = obj.extract::<i64>() {
+        return Ok(ScalarValue::Int64(Some(i)));
+    }
+    if let Ok(i) = obj.extract::<u64>() {
+        return Ok(ScalarValue::UInt64(Some(i)));
+    }
+    if obj.hasattr("__dlpack__")? || obj.hasattr("__array_interface__")? || obj.cast::<pyo3::types::PyList>().is_ok() || obj.cast::<pyo3::types::PyTuple>().is_ok() {
+        return Ok(id_list(ids_of(obj)?));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "cannot bind a {} as a statement parameter (use None, bool, int, float, str, bytes, or an id array / list of ints)",
+        obj.get_type().name()?
+    )))
+}
+
+/// A statement prepared by `SessionContext.prepare`: `execute(*values)` binds `$1`, `$2`, ...
+/// and runs it; `lookup(ids)` binds an id array to every `_id = ANY($k)`. Results come back
+/// as a `QueryResult`, already computed. Ids past the table match nothing (as in `IN`); when
+/// the plan is reused (`reuses_plan`) rows come in id order, otherwise add `ORDER BY _id`.
+#[pyclass(name = "PreparedStatement", module = "zrecord", frozen)]
+pub struct PyPreparedStatement {
+    inner: Arc<PreparedQuery>,
+}
+
+impl PyPreparedStatement {
+    fn done(&self, batches: Vec<RecordBatch>) -> PyQueryResult {
+        PyQueryResult { df: None, done: Some((self.inner.schema(), batches)), prepared: None }
+    }
+}
+
+#[pymethods]
+impl PyPreparedStatement {
+    /// The parameter names, in order (`$1`, `$2`, ...).
+    #[getter]
+    fn parameters(&self) -> Vec<String> {
+        self.inner.parameters().to_vec()
+    }
+
+    /// True when executions reuse the physical plan (every parameter is an `_id` filter).
+    #[getter]
+    fn reuses_plan(&self) -> bool {
+        self.inner.reuses_plan()
+    }
+
+    /// Run with `values` bound to `$1`, `$2`, ... in order.
+    #[pyo3(signature = (*values))]
+    fn execute(&self, py: Python<'_>, values: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<PyQueryResult> {
+        let values: Vec<ScalarValue> = values.iter().map(|v| param_value(&v)).collect::<PyResult<_>>()?;
+        let inner = self.inner.clone();
+        let batches = py.detach(|| runtime().block_on(inner.execute(values))).map_err(df_to_py)?;
+        Ok(self.done(batches))
+    }
+
+    /// Run with `ids` (an integer array or a sequence of ints) bound to every `_id = ANY($k)`.
+    fn lookup(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<PyQueryResult> {
+        let ids = ids_of(ids)?;
+        let inner = self.inner.clone();
+        let batches = py.detach(|| runtime().block_on(inner.lookup(&ids))).map_err(df_to_py)?;
+        Ok(self.done(batches))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PreparedStatement(parameters={:?}, reuses_plan={})", self.inner.parameters(), self.inner.reuses_plan())
     }
 }
 
@@ -152,6 +287,16 @@ impl PySessionContext {
 pub struct PyQueryResult {
     df: Option<DataFrame>,
     done: Option<(SchemaRef, Vec<RecordBatch>)>,
+    prepared: Option<Prepared>,
+}
+
+/// A query that runs through a cached plan with its own ids.
+struct Prepared {
+    plan: Arc<PreparedQuery>,
+    values: Vec<ScalarValue>,
+    ctx: SessionContext,
+    /// The text as given (what `explain` plans).
+    sql: String,
 }
 
 /// A DataFusion stream read synchronously on the shared runtime.
@@ -179,6 +324,10 @@ impl PyQueryResult {
             let it = batches.clone().into_iter().map(Ok);
             return Ok(Box::new(arrow_array::RecordBatchIterator::new(it, schema.clone())));
         }
+        if let Some(p) = &self.prepared {
+            let batches = py.detach(|| runtime().block_on(p.plan.execute(p.values.clone()))).map_err(df_to_py)?;
+            return Ok(Box::new(arrow_array::RecordBatchIterator::new(batches.into_iter().map(Ok), p.plan.schema())));
+        }
         let df = self.df.clone().ok_or_else(|| PyValueError::new_err("empty result"))?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let stream = py.detach(|| runtime().block_on(df.execute_stream())).map_err(df_to_py)?;
@@ -191,6 +340,9 @@ impl PyQueryResult {
     /// Column names.
     #[getter]
     fn columns(&self) -> Vec<String> {
+        if let Some(p) = &self.prepared {
+            return p.plan.schema().fields().iter().map(|f| f.name().clone()).collect();
+        }
         match (&self.done, &self.df) {
             (Some((s, _)), _) => s.fields().iter().map(|f| f.name().clone()).collect(),
             (None, Some(df)) => df.schema().fields().iter().map(|f| f.name().clone()).collect(),
@@ -225,7 +377,11 @@ impl PyQueryResult {
 
     /// The physical plan, as EXPLAIN prints it.
     fn explain(&self, py: Python<'_>) -> PyResult<String> {
-        let df = self.df.clone().ok_or_else(|| PyValueError::new_err("statements have no plan to explain"))?;
+        let df = match (&self.df, &self.prepared) {
+            (Some(df), _) => df.clone(),
+            (None, Some(p)) => py.detach(|| runtime().block_on(p.ctx.sql(&p.sql))).map_err(df_to_py)?,
+            _ => return Err(PyValueError::new_err("statements have no plan to explain")),
+        };
         let batches = py.detach(|| runtime().block_on(async { df.explain(false, false)?.collect().await })).map_err(df_to_py)?;
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         Ok(text.to_string())

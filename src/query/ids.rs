@@ -17,6 +17,9 @@ fn is_id_column(e: &Expr) -> bool {
             use datafusion::arrow::datatypes::DataType::*;
             matches!(c.field.data_type(), Int64 | UInt64 | Decimal128(_, 0) | Decimal256(_, 0)) && is_id_column(&c.expr)
         }
+        // TRY_CAST to Int64 (see `UnsignedLiterals`): ids past i64::MAX become NULL and match
+        // nothing; no table has that many records.
+        Expr::TryCast(c) => c.field.data_type() == &datafusion::arrow::datatypes::DataType::Int64 && is_id_column(&c.expr),
         _ => false,
     }
 }
@@ -102,10 +105,102 @@ pub fn id_filter(e: &Expr, n: u64) -> Option<IdSet> {
             let s = IdSet::from_ranges(ranges);
             Some(if l.negated { s.complement(n) } else { s })
         }
+        // What the simplifier leaves of an always-true / always-false filter (`_id IN ()`).
+        Expr::Literal(ScalarValue::Boolean(b), _) => Some(if *b == Some(true) { IdSet::all(n) } else { IdSet::empty() }),
         Expr::IsNotNull(inner) if is_id_column(inner) => Some(IdSet::all(n)),
         Expr::IsNull(inner) if is_id_column(inner) => Some(IdSet::empty()),
         _ => None,
     }
+}
+
+/// An `_id` filter whose ids come from a statement parameter, bound at execution:
+/// `_id = ANY($1)` (an id list) or `_id = $1` (one id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdParam {
+    /// The placeholder, with its `$` (`"$1"`, `"$ids"`).
+    pub id: String,
+    /// True for a list of ids (`= ANY($1)`), false for one id (`= $1`).
+    pub list: bool,
+}
+
+fn placeholder_id(e: &Expr) -> Option<&str> {
+    match e {
+        Expr::Placeholder(p) => Some(&p.id),
+        Expr::Cast(c) => placeholder_id(&c.expr),
+        Expr::TryCast(c) => placeholder_id(&c.expr),
+        _ => None,
+    }
+}
+
+/// The parameter a filter takes its ids from, when it is `_id = ANY($k)` (planned by
+/// DataFusion as `array_has($k, _id)`) or `_id = $k`.
+pub fn param_filter(e: &Expr) -> Option<IdParam> {
+    match e {
+        Expr::ScalarFunction(f) if f.func.name() == "array_has" && f.args.len() == 2 && is_id_column(&f.args[1]) => {
+            Some(IdParam { id: placeholder_id(&f.args[0])?.to_string(), list: true })
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op: Operator::Eq, right }) => {
+            let p = if is_id_column(left) { placeholder_id(right)? } else if is_id_column(right) { placeholder_id(left)? } else { return None };
+            Some(IdParam { id: p.to_string(), list: false })
+        }
+        _ => None,
+    }
+}
+
+/// The ids a bound parameter value selects over `[0, n)` (IN semantics: ids outside the
+/// table and NULLs match nothing; order and duplicates do not matter). A value that is not
+/// an integer (or a list of integers) is an error naming the parameter.
+pub fn param_ids(param: &IdParam, value: &ScalarValue, n: u64) -> crate::error::Result<IdSet> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
+    let bad = || crate::error::Error::invalid("parameter", format!("{} binds _id values: expected {}, got {value:?}", param.id, if param.list { "a list of integers" } else { "an integer" }));
+    let one = |v: &ScalarValue| -> crate::error::Result<Option<u64>> {
+        if v.is_null() {
+            return Ok(None);
+        }
+        let x = int_literal(&Expr::Literal(v.clone(), None)).ok_or_else(bad)?;
+        Ok((0..n as i128).contains(&x).then_some(x as u64))
+    };
+    let mut ids: Vec<u64> = Vec::new();
+    let elements = match value {
+        ScalarValue::List(a) if param.list => (!a.is_null(0)).then(|| a.value(0)),
+        ScalarValue::LargeList(a) if param.list => (!a.is_null(0)).then(|| a.value(0)),
+        ScalarValue::FixedSizeList(a) if param.list => (!a.is_null(0)).then(|| a.value(0)),
+        v if !param.list => {
+            ids.extend(one(v)?);
+            None
+        }
+        v if v.is_null() => None,
+        _ => return Err(bad()),
+    };
+    if let Some(values) = elements {
+        match values.data_type() {
+            DataType::UInt64 => ids.extend(values.as_primitive::<UInt64Type>().iter().flatten().filter(|&i| i < n)),
+            t if t.is_integer() => {
+                // Values too large for int64 are ids past any table: cast to null, no match.
+                let v = arrow_cast::cast(&values, &DataType::Int64).map_err(|_| bad())?;
+                ids.extend(v.as_primitive::<Int64Type>().iter().flatten().filter(|&i| i >= 0 && (i as u64) < n).map(|i| i as u64));
+            }
+            DataType::Null => {}
+            _ => return Err(bad()),
+        }
+    }
+    Ok(ids_to_set(&ids))
+}
+
+/// Sorted, merged ranges of any ids (all below the table size).
+pub fn ids_to_set(ids: &[u64]) -> IdSet {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut ranges: Vec<std::ops::Range<u64>> = Vec::with_capacity(v.len());
+    for i in v {
+        match ranges.last_mut() {
+            Some(r) if r.end == i => r.end += 1,
+            _ => ranges.push(i..i + 1),
+        }
+    }
+    IdSet::from_ranges(ranges)
 }
 
 #[cfg(test)]
@@ -143,6 +238,9 @@ mod tests {
         assert_eq!(f(col("_id").not_eq(lit(0i64))), Some(vec![1..100]));
         assert_eq!(f(Expr::Not(Box::new(col("_id").lt(lit(98i64))))), Some(vec![98..100]));
         assert_eq!(f(col("_id").lt(lit(-3i64))), Some(vec![]));
+        assert_eq!(f(lit(false)), Some(vec![]));
+        assert_eq!(f(lit(ScalarValue::Boolean(None))), Some(vec![]));
+        assert_eq!(f(lit(true).and(col("_id").lt(lit(2i64)))), Some(vec![0..2]));
         // Not exact: other columns, floats, non-literals.
         assert_eq!(f(col("label").eq(lit(1i64))), None);
         assert_eq!(f(col("_id").eq(lit(1.5f64))), None);

@@ -5,7 +5,7 @@
 //! Decimal128 casts of every literal that the simplifier then evaluates and unwraps one by one:
 //! about a third of the planning time of a 256-id lookup. The rewrite keeps the semantics
 //! exactly (a non-negative Int64 equals the same UInt64); negative literals are left for the
-//! usual coercion.
+//! usual coercion. It also lets `_id = ANY(<signed integer list>)` plan (see below).
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -68,9 +68,29 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                 (Some(lo), Some(hi)) => Transformed::yes(Expr::Between(Between { expr: b.expr, negated: b.negated, low: Box::new(lo), high: Box::new(hi) })),
                 _ => Transformed::no(Expr::Between(b)),
             },
+            // `u = ANY(<signed integer list>)` (`array_has(list, u)`): DataFusion cannot coerce a
+            // UInt64 element against an Int64 list; compare as Int64 (TRY_CAST: a value past
+            // i64::MAX is NULL, which matches nothing, as it equals no element).
+            Expr::ScalarFunction(mut f)
+                if f.func.name() == "array_has" && f.args.len() == 2 && is_u64_column(&f.args[1], schema) && signed_list(&f.args[0], schema) =>
+            {
+                let col = std::mem::replace(&mut f.args[1], Expr::Literal(ScalarValue::Null, None));
+                f.args[1] = Expr::TryCast(datafusion::logical_expr::TryCast::new(Box::new(col), datafusion::arrow::datatypes::DataType::Int64));
+                Transformed::yes(Expr::ScalarFunction(f))
+            }
             other => Transformed::no(other),
         })
     })
+}
+
+/// An expression (list literal, `make_array`, typed placeholder) of a list of signed integers.
+fn signed_list(e: &Expr, schema: &DFSchema) -> bool {
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::ExprSchemable;
+    match e.get_type(schema) {
+        Ok(DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)) => f.data_type().is_signed_integer(),
+        _ => false,
+    }
 }
 
 impl AnalyzerRule for UnsignedLiterals {
@@ -81,6 +101,18 @@ impl AnalyzerRule for UnsignedLiterals {
                 let t = rewrite(f.predicate, &schema)?;
                 f.predicate = t.data;
                 Ok(if t.transformed { Transformed::yes(LogicalPlan::Filter(f)) } else { Transformed::no(LogicalPlan::Filter(f)) })
+            }
+            // Filters DataFusion placed in the scan itself (all columns of the source).
+            LogicalPlan::TableScan(mut ts) if !ts.filters.is_empty() => {
+                let schema = DFSchema::try_from_qualified_schema(ts.table_name.clone(), &ts.source.schema())?;
+                let mut any = false;
+                let filters = std::mem::take(&mut ts.filters);
+                for f in filters {
+                    let t = rewrite(f, &schema)?;
+                    any |= t.transformed;
+                    ts.filters.push(t.data);
+                }
+                Ok(if any { Transformed::yes(LogicalPlan::TableScan(ts)) } else { Transformed::no(LogicalPlan::TableScan(ts)) })
             }
             other => Ok(Transformed::no(other)),
         })
@@ -119,6 +151,10 @@ mod tests {
             let (plan, rows) = plan_and_rows("SELECT u FROM m WHERE u IN (-1, 2) OR u > -5 AND u < 1").await;
             assert!(plan.contains("Int64(-1)") || plan.contains("Decimal128"), "{plan}");
             assert_eq!(rows, 2); // 2 and 0
+            // `= ANY(<Int64 list>)` against UInt64 plans (DataFusion alone cannot coerce it).
+            let (plan, rows) = plan_and_rows("SELECT u FROM m WHERE u = ANY([3, -1, 5, 3])").await;
+            assert!(plan.contains("TRY_CAST"), "{plan}");
+            assert_eq!(rows, 2);
         });
     }
 }

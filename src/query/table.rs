@@ -23,7 +23,7 @@ pub use crate::arrow::ID_COLUMN;
 use crate::arrow::{ScanColumn, Scanner};
 use crate::error::{Error, Result};
 use crate::memory::Allocator;
-use crate::query::ids::{id_filter, IdSet};
+use crate::query::ids::{id_filter, param_filter, IdParam, IdSet};
 use crate::store::{Dataset, ReadOptions};
 pub use crate::store::Selection;
 
@@ -122,7 +122,13 @@ impl TableProvider for ZrecordTable {
         let n = self.dataset.len();
         Ok(filters
             .iter()
-            .map(|f| if id_filter(f, n).is_some() { TableProviderFilterPushDown::Exact } else { TableProviderFilterPushDown::Unsupported })
+            .map(|f| {
+                if id_filter(f, n).is_some() || param_filter(f).is_some() {
+                    TableProviderFilterPushDown::Exact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
             .collect())
     }
 
@@ -133,14 +139,39 @@ impl TableProvider for ZrecordTable {
     async fn scan(&self, state: &dyn Session, projection: Option<&Vec<usize>>, filters: &[Expr], limit: Option<usize>) -> DfResult<Arc<dyn ExecutionPlan>> {
         let n = self.dataset.len();
         let mut pushed = IdSet::all(n);
+        let mut params: Vec<IdParam> = Vec::new();
         let mut any_filter = false;
         for f in filters {
-            let s = id_filter(f, n).ok_or_else(|| Error::invalid("filter", format!("filter {f} cannot be pushed into a zrecord scan")))?;
-            pushed = pushed.intersect(&s);
+            match (id_filter(f, n), param_filter(f)) {
+                (Some(s), _) => pushed = pushed.intersect(&s),
+                (None, Some(p)) => params.push(p),
+                (None, None) => return Err(Error::invalid("filter", format!("filter {f} cannot be pushed into a zrecord scan")).into()),
+            }
             any_filter = true;
         }
+        let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..self.schema.fields().len()).collect());
+        let config = state.config();
+        // Rows per batch: the session's batch_size, capped so that one batch of the projected
+        // streams stays near BATCH_BYTES.
+        let cols: Vec<ScanColumn> = projection.iter().map(|&c| ScanColumn::at(c)).collect();
+        let batch_size = self.scanner().rows_per_batch(&cols, config.batch_size());
+        if !params.is_empty() {
+            // Ids bound at execution ([`ZrecordScanExec::bind`]): one partition (a point lookup
+            // gathers in parallel inside), its selection computed when the values are known.
+            let bound = Bound { base: pushed, params, limit };
+            return Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, Selection::Set(IdSet::empty()), vec![], limit, batch_size, Some(Arc::new(bound)))?));
+        }
+        let selection = self.restrict(&pushed, any_filter, limit);
+        let partitions = self.partitions(&selection, batch_size, config.target_partitions());
+        Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, selection, partitions, limit, batch_size, None)?))
+    }
+}
+
+impl ZrecordTable {
+    /// The table's records within `pushed` (the `_id` filters), first `limit` of them.
+    fn restrict(&self, pushed: &IdSet, any_filter: bool, limit: Option<usize>) -> Selection {
         let mut selection = match self.selection() {
-            Selection::Set(all) => Selection::Set(all.intersect(&pushed)),
+            Selection::Set(all) => Selection::Set(all.intersect(pushed)),
             Selection::List(l) if any_filter => Selection::List(Arc::new(l.iter().copied().filter(|&i| pushed.contains(i)).collect())),
             list => list,
         };
@@ -151,22 +182,29 @@ impl TableProvider for ZrecordTable {
                 list => list,
             };
         }
-        let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..self.schema.fields().len()).collect());
-        let config = state.config();
-        // Rows per batch: the session's batch_size, capped so that one batch of the projected
-        // streams stays near BATCH_BYTES.
-        let cols: Vec<ScanColumn> = projection.iter().map(|&c| ScanColumn::at(c)).collect();
-        let batch_size = self.scanner().rows_per_batch(&cols, config.batch_size());
-        let partitions = match &selection {
+        selection
+    }
+
+    /// How a scan of `selection` splits into partitions.
+    fn partitions(&self, selection: &Selection, batch_size: usize, target: usize) -> Vec<Selection> {
+        match selection {
             // Explicit order: one ordered partition (the gather itself runs in parallel).
             Selection::List(_) => vec![selection.clone()],
             // At most one batch: one partition, gathered in parallel inside (no repartitioning
             // or coalescing cost for point lookups).
             Selection::Set(s) if s.count() <= batch_size as u64 => vec![selection.clone()],
-            Selection::Set(s) => s.split(config.target_partitions()).into_iter().map(Selection::Set).collect(),
-        };
-        Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, selection, partitions, limit, batch_size)?))
+            Selection::Set(s) => s.split(target).into_iter().map(Selection::Set).collect(),
+        }
     }
+}
+
+/// The `_id` filters of a scan whose ids come from statement parameters.
+#[derive(Debug)]
+struct Bound {
+    /// The literal `_id` filters (intersected with every parameter's ids).
+    base: IdSet,
+    params: Vec<IdParam>,
+    limit: Option<usize>,
 }
 
 /// The scan of a [`ZrecordTable`]: gathers the selected records of the projected streams,
@@ -180,11 +218,22 @@ pub struct ZrecordScanExec {
     partitions: Vec<Selection>,
     limit: Option<usize>,
     batch_size: usize,
+    /// Set when the selection comes from statement parameters not yet bound.
+    params: Option<Arc<Bound>>,
     properties: Arc<PlanProperties>,
 }
 
 impl ZrecordScanExec {
-    fn new(table: ZrecordTable, projection: Vec<usize>, selection: Selection, partitions: Vec<Selection>, limit: Option<usize>, batch_size: usize) -> DfResult<Self> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        table: ZrecordTable,
+        projection: Vec<usize>,
+        selection: Selection,
+        partitions: Vec<Selection>,
+        limit: Option<usize>,
+        batch_size: usize,
+        params: Option<Arc<Bound>>,
+    ) -> DfResult<Self> {
         let schema = Arc::new(table.schema.project(&projection)?);
         // Partitions are ascending, disjoint id ranges: each partition is ordered by `_id`, so
         // `ORDER BY _id` costs a merge, not a sort.
@@ -196,13 +245,52 @@ impl ZrecordScanExec {
             }
             _ => EquivalenceProperties::new(schema.clone()),
         };
+        // An unbound scan has the one partition its bound versions will have.
+        let parts = if params.is_some() { 1 } else { partitions.len() };
         let properties = PlanProperties::new(
             eq,
-            Partitioning::UnknownPartitioning(partitions.len()),
+            Partitioning::UnknownPartitioning(parts),
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
-        Ok(ZrecordScanExec { table, projection, schema, selection, partitions, limit, batch_size: batch_size.max(1), properties: Arc::new(properties) })
+        Ok(ZrecordScanExec { table, projection, schema, selection, partitions, limit, batch_size: batch_size.max(1), params, properties: Arc::new(properties) })
+    }
+
+    /// Records in the scanned table's dataset.
+    pub fn table_len(&self) -> u64 {
+        self.table.dataset.len()
+    }
+
+    /// The statement parameters this scan takes its ids from (empty when none).
+    pub fn parameters(&self) -> Vec<IdParam> {
+        self.params.as_ref().map(|b| b.params.clone()).unwrap_or_default()
+    }
+
+    /// This scan with its parameters bound: `value(param)` gives the ids each parameter
+    /// selects (already within the table). The bound scan is the one partition of the same
+    /// ids a literal filter would read: the plan around it is reused as it is.
+    pub fn bind(&self, value: &mut dyn FnMut(&IdParam) -> Result<IdSet>) -> DfResult<ZrecordScanExec> {
+        let Some(b) = &self.params else {
+            return Err(Error::invalid("parameters", "this scan has no parameters to bind").into());
+        };
+        let mut pushed = b.base.clone();
+        for p in &b.params {
+            pushed = pushed.intersect(&value(p)?);
+        }
+        let selection = self.table.restrict(&pushed, true, b.limit);
+        // One partition, as planned (the parents were planned for it).
+        let partitions = vec![selection.clone()];
+        Ok(ZrecordScanExec {
+            table: self.table.clone(),
+            projection: self.projection.clone(),
+            schema: self.schema.clone(),
+            selection,
+            partitions,
+            limit: self.limit,
+            batch_size: self.batch_size,
+            params: None,
+            properties: self.properties.clone(),
+        })
     }
 
     /// Ids the scan reads (all partitions).
@@ -227,6 +315,10 @@ impl DisplayAs for ZrecordScanExec {
         let n = self.table.dataset.len();
         write!(f, "ZrecordScanExec: path={}, streams=[{}]", self.table.dataset.path().display(), self.streams_read().join(", "))?;
         match &self.selection {
+            _ if self.params.is_some() => {
+                let p = self.parameters().iter().map(|p| if p.list { format!("ANY({})", p.id) } else { p.id.clone() }).collect::<Vec<_>>();
+                write!(f, ", ids=bound at execution from {}", p.join(", "))?
+            }
             Selection::Set(s) if s.count() == n => write!(f, ", ids=all {n}")?,
             Selection::Set(s) => write!(f, ", ids={s} ({} of {n})", s.count())?,
             Selection::List(l) => write!(f, ", ids=gather of {} in given order", l.len())?,
@@ -246,6 +338,10 @@ impl ExecutionPlan for ZrecordScanExec {
     leaf_exec_methods!();
 
     fn statistics_from_inputs(&self, _input: &[Arc<Statistics>], args: &datafusion::physical_plan::statistics::StatisticsArgs) -> DfResult<Arc<Statistics>> {
+        if self.params.is_some() {
+            // Unknown until bound (an exact 0 would let the optimizer answer for the scan).
+            return Ok(Arc::new(Statistics::new_unknown(&self.schema)));
+        }
         let rows = match args.partition() {
             Some(p) => self.partitions.get(p).map(|s| s.count()).unwrap_or(0),
             None => self.selection.count(),
@@ -254,6 +350,10 @@ impl ExecutionPlan for ZrecordScanExec {
     }
 
     fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        if let Some(b) = &self.params {
+            let p = b.params.iter().map(|p| p.id.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(Error::invalid("parameters", format!("statement parameters {p} are not bound: execute the statement through PreparedQuery (or EXECUTE with values)")).into());
+        }
         let sel = self
             .partitions
             .get(partition)

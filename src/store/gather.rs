@@ -3,7 +3,8 @@
 
 use std::mem::MaybeUninit;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 
 use crate::error::{Error, Result};
@@ -12,8 +13,8 @@ use crate::store::reader::{Check, StoreCore, MAX_NDIM};
 
 /// Below this many output bytes a gather runs on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 128 << 10;
-/// Aim for tasks of about this many output bytes.
-const TASK_BYTES: usize = 256 << 10;
+/// Parallel gathers hand out chunks of about this many output bytes.
+const CHUNK_BYTES: usize = 32 << 10;
 
 /// How many records ahead a gather prefetches.
 const PREFETCH_AHEAD: usize = 8;
@@ -82,23 +83,118 @@ impl Ids<'_> {
     }
 }
 
-/// Run `tasks` in parallel on the rayon pool, the calling thread taking the first one itself
-/// (so a gather wakes one worker fewer and never idles its caller). First error wins.
-fn run_parallel<T: Send>(mut tasks: Vec<T>, f: impl Fn(T) -> Result<()> + Sync) -> Result<()> {
-    if tasks.len() <= 1 {
-        return tasks.pop().map(&f).unwrap_or(Ok(()));
-    }
-    let first = tasks.remove(0);
-    let mut results: Vec<Result<()>> = tasks.iter().map(|_| Ok(())).collect();
-    let mine = rayon::in_place_scope(|s| {
-        for (task, slot) in tasks.into_iter().zip(results.iter_mut()) {
-            let f = &f;
-            s.spawn(move |_| *slot = f(task));
+/// The work of one parallel gather, shared with the helper jobs it spawns.
+///
+/// Chunks are claimed from an atomic cursor: the calling thread starts at once and keeps
+/// claiming, helpers join whenever the scheduler wakes them, and the caller waits only for
+/// chunks a helper has actually claimed, never for a helper to start. A helper woken after the
+/// last chunk was claimed finds nothing and returns without touching the gather's memory. (A
+/// scoped split into one task per thread made the caller wait for the slowest wake-up: on a
+/// small gather that cost more than the parallelism gained.)
+struct Chunks {
+    next: AtomicUsize,
+    done: AtomicUsize,
+    n: usize,
+    failed: std::sync::atomic::AtomicBool,
+    error: Mutex<Option<Error>>,
+    /// The caller's chunk function, its lifetime erased: valid while a chunk is claimed but not
+    /// done (the caller does not return from [`run_chunks`] before every chunk is done).
+    work: *const (dyn Fn(usize) -> Result<()> + Sync + 'static),
+}
+
+// SAFETY: `work` points to a `Sync` closure, only called (from any thread) while the caller
+// keeps it alive (see `Chunks::help`); everything else is atomics and a mutex.
+unsafe impl Send for Chunks {}
+// SAFETY: as above.
+unsafe impl Sync for Chunks {}
+
+impl Chunks {
+    fn help(&self) {
+        loop {
+            let k = self.next.fetch_add(1, Ordering::Relaxed);
+            if k >= self.n {
+                return;
+            }
+            if !self.failed.load(Ordering::Relaxed) {
+                // SAFETY: chunk `k` is claimed and not yet counted done, so the caller is still
+                // inside `run_chunks` (it waits for `done == n`), and `work` with everything it
+                // borrows is alive.
+                let work = unsafe { &*self.work };
+                let r = crate::error::catch_panic("gather chunk", k as u64, || work(k));
+                if let Err(e) = r {
+                    self.failed.store(true, Ordering::Relaxed);
+                    let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+                    slot.get_or_insert(e);
+                }
+            }
+            // After this, this thread never touches `work` again.
+            self.done.fetch_add(1, Ordering::Release);
         }
-        f(first)
+    }
+}
+
+/// Run `work(0..n)` with up to `helpers` rayon jobs joining the calling thread (see
+/// [`Chunks`]). First error wins; a panic in a chunk is an error, never a hang.
+fn run_chunks(n: usize, helpers: usize, work: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()> {
+    let helpers = helpers.min(n.saturating_sub(1));
+    if helpers == 0 {
+        return (0..n).try_for_each(|k| crate::error::catch_panic("gather chunk", k as u64, || work(k)));
+    }
+    // SAFETY: only the lifetime is erased (same fat-pointer layout); the pointer is used only
+    // while this function has not returned (see `Chunks::work`).
+    let work: *const (dyn Fn(usize) -> Result<()> + Sync + 'static) = unsafe { std::mem::transmute(work as *const (dyn Fn(usize) -> Result<()> + Sync + '_)) };
+    let shared = Arc::new(Chunks {
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        n,
+        failed: std::sync::atomic::AtomicBool::new(false),
+        error: Mutex::new(None),
+        work,
     });
-    mine?;
-    results.into_iter().collect()
+    for _ in 0..helpers {
+        let s = shared.clone();
+        rayon::spawn(move || s.help());
+    }
+    shared.help();
+    // Every chunk is claimed; wait for those still running on helpers (a few microseconds).
+    let mut spins = 0u32;
+    while shared.done.load(Ordering::Acquire) < n {
+        if spins < 64 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    let e = shared.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+    e.map_or(Ok(()), Err)
+}
+
+/// Helper jobs worth waking for a gather of `bytes` output bytes.
+fn helpers_for(bytes: usize) -> usize {
+    if bytes < PARALLEL_MIN_BYTES {
+        0
+    } else {
+        rayon::current_num_threads().saturating_sub(1)
+    }
+}
+
+/// An output buffer shared by chunk workers that write disjoint ranges of it.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut MaybeUninit<u8>);
+// SAFETY: workers write disjoint ranges only (each chunk its own records' slots).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// # Safety
+    /// `at..at + len` lies within the buffer and no other live slice overlaps it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
 }
 
 /// Dense gather into one tensor `[len, *item_shape]`.
@@ -130,13 +226,19 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
             }
             Ok(())
         };
-        if !parallel || total < PARALLEL_MIN_BYTES || b == 1 {
+        let helpers = if parallel { helpers_for(total) } else { 0 };
+        if helpers == 0 || b == 1 {
             run(0, out)?;
         } else {
-            let per_task = (TASK_BYTES / rb).clamp(1, b.div_ceil(rayon::current_num_threads()).max(1));
-            let tasks: Vec<(usize, &mut [MaybeUninit<u8>])> =
-                out.chunks_mut(rb * per_task).enumerate().map(|(t, c)| (t * per_task, c)).collect();
-            run_parallel(tasks, |(lo, chunk)| run(lo, chunk))?;
+            let per = (CHUNK_BYTES / rb).clamp(1, b);
+            let base = OutPtr(out.as_mut_ptr());
+            run_chunks(b.div_ceil(per), helpers, &|k| {
+                let lo = k * per;
+                let hi = (lo + per).min(b);
+                // SAFETY: chunk `k` owns records `lo..hi`, bytes `lo * rb..hi * rb` of `out`
+                // (`hi <= b`, `b * rb == total`): disjoint from every other chunk's.
+                run(lo, unsafe { base.slice(lo * rb, (hi - lo) * rb) })
+            })?;
         }
     }
     core.check_files_intact()?;
@@ -207,29 +309,79 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             }
             Ok(())
         };
-        if !parallel || values_bytes < PARALLEL_MIN_BYTES {
+        let helpers = if parallel { helpers_for(values_bytes) } else { 0 };
+        if helpers == 0 {
             decode_run(0, b, values)?;
         } else {
-            let target = (values_bytes / (rayon::current_num_threads() * 4)).clamp(16 << 10, TASK_BYTES);
-            let mut tasks: Vec<(usize, usize, &mut [MaybeUninit<u8>])> = Vec::new();
-            let mut rest = values;
+            // Record runs of about CHUNK_BYTES each.
+            let mut bounds: Vec<usize> = vec![0];
             let mut lo = 0usize;
             while lo < b {
                 let mut hi = lo + 1;
-                while hi < b && (cu[hi] - cu[lo]) as usize * esize < target {
+                while hi < b && (cu[hi] - cu[lo]) as usize * esize < CHUNK_BYTES {
                     hi += 1;
                 }
-                let n = (cu[hi] - cu[lo]) as usize * esize;
-                let (mine, tail) = rest.split_at_mut(n);
-                rest = tail;
-                tasks.push((lo, hi, mine));
+                bounds.push(hi);
                 lo = hi;
             }
-            run_parallel(tasks, |(lo, hi, region)| decode_run(lo, hi, region))?;
+            let base = OutPtr(values.as_mut_ptr());
+            run_chunks(bounds.len() - 1, helpers, &|k| {
+                let (lo, hi) = (bounds[k], bounds[k + 1]);
+                let (a, z) = (cu[lo] as usize * esize, cu[hi] as usize * esize);
+                // SAFETY: records `lo..hi` own values bytes `a..z` (cu is non-decreasing and
+                // `cu[b] * esize == values_bytes`): disjoint from every other chunk's.
+                decode_run(lo, hi, unsafe { base.slice(a, z - a) })
+            })?;
         }
     }
     core.check_files_intact()?;
     // SAFETY: values (all `values_bytes`), cu_seqlens (`b + 1` int32) and shapes (`b * nd`
     // uint64) were all written above; padding between them is never exposed.
     Ok(unsafe { layout.batch(Arc::new(alloc), core.dtype, b, nd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every chunk runs exactly once, on the caller or a helper, whatever the helper count;
+    /// the first error is returned; a panicking chunk is an error, not a hang or an abort.
+    #[test]
+    fn chunks_run_once_and_failures_come_back() {
+        for helpers in [0usize, 1, 3, 16] {
+            for n in [0usize, 1, 2, 7, 100] {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                run_chunks(n, helpers, &|k| {
+                    hits[k].fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "helpers {helpers}, n {n}");
+            }
+            let r = run_chunks(50, helpers, &|k| if k == 20 { Err(Error::invalid("chunk", "twenty")) } else { Ok(()) });
+            assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+            let r = run_chunks(50, helpers, &|k| if k == 33 { panic!("chunk thirty-three") } else { Ok(()) });
+            match r {
+                Err(Error::Panicked { message, step, .. }) => assert_eq!((message.as_str(), step), ("chunk thirty-three", 33)),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// The caller returns while helpers it woke may not have started: the borrowed state the
+    /// chunks used is gone by then, and a late helper must not touch it (miri checks this).
+    #[test]
+    fn late_helpers_touch_nothing_after_return() {
+        for _ in 0..20 {
+            let data: Vec<u64> = (0..64).collect();
+            let sum = AtomicUsize::new(0);
+            run_chunks(8, 2, &|k| {
+                sum.fetch_add(data[k * 8..k * 8 + 8].iter().sum::<u64>() as usize, Ordering::Relaxed);
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            drop(data);
+            assert_eq!(sum.load(Ordering::Relaxed), (0..64).sum::<usize>());
+        }
+    }
 }

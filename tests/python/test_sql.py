@@ -220,3 +220,78 @@ def test_write_dataset_from_arrow_and_polars(tmp_path):
         zrecord.write_dataset(src, out)
     pl = pytest.importorskip("polars")
     assert zrecord.write_dataset(pl.DataFrame({"x": [1.0, 2.0]}), tmp_path / "pl") == 2
+
+
+def test_prepared_statements_bind_numpy_ids(root):
+    path, images, labels, tokens, _ = root
+    ctx = zrecord.SessionContext(target_partitions=2, batch_size=5)
+    ctx.register("t", path)
+    q = ctx.prepare("SELECT _id, image, label, tokens FROM t WHERE _id = ANY($1)")
+    assert isinstance(q, zrecord.PreparedStatement)
+    assert q.parameters == ["$1"] and q.reuses_plan
+    # Any integer array, any order, duplicates and ids past the end: rows in id order (as IN).
+    for ids in (np.array([7, 2, 11, 2, 40], dtype=np.int64), np.array([11, 7, 2], dtype=np.uint32), [2, 11, 7, 7]):
+        t = q.lookup(ids).to_arrow()
+        assert t.column("_id").to_pylist() == [2, 7, 11]
+        np.testing.assert_array_equal(t.column("image").combine_chunks().to_numpy_ndarray(), images[[2, 7, 11]])
+        assert t.column("label").to_pylist() == labels[[2, 7, 11]].tolist()
+        assert t.column("tokens").to_pylist() == [tokens[i].tolist() for i in (2, 7, 11)]
+    # More rows than one batch (batch_size 5), a strided view, and execute() with the array.
+    ids = np.arange(12, dtype=np.int64)[::-1][::2]
+    t = q.execute(ids).to_arrow()
+    assert t.column("_id").to_pylist() == sorted(ids.tolist())
+    assert q.lookup(np.array([], dtype=np.int64)).to_arrow().num_rows == 0
+    # Same rows as the literal query.
+    lit = ctx.sql("SELECT _id, label FROM t WHERE _id IN (3, 9) ORDER BY _id").to_arrow()
+    got = ctx.prepare("SELECT _id, label FROM t WHERE _id = ANY($1)").lookup([9, 3]).to_arrow()
+    assert got.equals(lit)
+    # Mixed parameters: an id list and a value, re-planned per execution.
+    q2 = ctx.prepare("SELECT _id FROM t WHERE _id = ANY($1) AND label = $2")
+    assert q2.parameters == ["$1", "$2"] and not q2.reuses_plan
+    assert sorted(q2.execute(np.arange(12), 1).to_arrow().column("_id").to_pylist()) == [i for i in range(12) if i % 3 == 1]
+    one = ctx.prepare("SELECT label FROM t WHERE _id = $1")
+    assert one.execute(np.int64(4)).to_arrow().column("label").to_pylist() == [labels[4]]
+    # Errors.
+    with pytest.raises(IndexError, match="non-negative"):
+        q.lookup(np.array([1, -1]))
+    with pytest.raises(TypeError):
+        q.lookup(np.array([1.5]))
+    with pytest.raises(TypeError):
+        q.execute(object())
+    with pytest.raises(ValueError, match="1 parameters, 2 values"):
+        q.execute([1], [2])
+    with pytest.raises(ValueError, match="binds _id values"):
+        q.execute("seven")
+    with pytest.raises(ValueError, match="only queries can be prepared"):
+        ctx.prepare("CREATE TABLE x AS SELECT 1")
+    # The same statement through SQL PREPARE / EXECUTE.
+    ctx.sql("PREPARE p(BIGINT[]) AS SELECT _id FROM t WHERE _id = ANY($1)")
+    assert ctx.sql("EXECUTE p([8, 1])").to_arrow().column("_id").to_pylist() == [1, 8]
+
+
+def test_in_list_queries_reuse_plans_and_follow_catalog_changes(root, tmp_path):
+    path, images, labels, _, _ = root
+    ctx = zrecord.SessionContext(batch_size=5)
+    ctx.register("t", path)
+    # The same shape with different ids (the second and later run a cached plan).
+    for ids in ([7, 2, 11], [0, 5], [3, 3, 9, 100], list(range(12))):
+        res = ctx.sql(f"SELECT _id, label FROM t WHERE _id IN ({', '.join(map(str, ids))})")
+        want = sorted({i for i in ids if i < 12})
+        assert res.columns == ["_id", "label"]
+        t = res.to_arrow()
+        assert t.column("_id").to_pylist() == want
+        assert t.column("label").to_pylist() == labels[want].tolist()
+        assert "ZrecordScanExec" in res.explain()
+    # Not lifted: NOT IN, negative literals, strings (answers as DataFusion plans them).
+    assert ctx.sql("SELECT _id FROM t WHERE _id NOT IN (0, 1, 2, 3, 4, 5, 6, 7, 8)").to_arrow().column("_id").to_pylist() == [9, 10, 11]
+    assert sorted(ctx.sql("SELECT _id FROM t WHERE _id IN (-1, 4)").to_arrow().column("_id").to_pylist()) == [4]
+    # A table replaced under the same name: the next query reads the new one.
+    other = tmp_path / "other"
+    with zrecord.DenseWriter(other / "label", np.int64, (), "raw") as w:
+        w.append(np.arange(20, dtype=np.int64) * 10)
+    ctx.deregister("t")
+    ctx.register("t", other)
+    assert ctx.sql("SELECT label FROM t WHERE _id IN (15, 2)").to_arrow().column("label").to_pylist() == [20, 150]
+    ctx.sql("DROP TABLE t")
+    ctx.sql(f"CREATE EXTERNAL TABLE t STORED AS ZRECORD LOCATION '{path}'")
+    assert ctx.sql("SELECT label FROM t WHERE _id IN (11, 2)").to_arrow().column("label").to_pylist() == labels[[2, 11]].tolist()
