@@ -17,6 +17,9 @@ const BATCH: usize = 256;
 /// Distinct pre-drawn batches cycled through: 1M ids, so the working set is the whole dataset.
 const BATCHES: usize = 4096;
 
+/// A workload measured cold: (name, batch bytes, fio's (IOPS, block size)).
+type ColdRow = (&'static str, f64, Option<(f64, usize)>);
+
 struct Row {
     workload: &'static str,
     codec: Codec,
@@ -32,6 +35,7 @@ fn main() {
     let dir = bench_dir("gather");
     let alloc = Allocator::default();
     let mut rows = Vec::new();
+    let mut cold_rows: Vec<ColdRow> = Vec::new();
     for w in Workload::all(true) {
         let dict = w.dictionary();
         let mut rng = SplitMix64::new(1);
@@ -89,6 +93,40 @@ fn main() {
                 }));
             }
             g.finish();
+            // Cold: every batch starts with the store's pages evicted from memory (its mapped
+            // pages released, the files dropped from the page cache).
+            if cold_enabled() && codec != Codec::ZstdDict {
+                let mut g = c.benchmark_group(format!("gather_cold_{}", w.name));
+                g.throughput(Throughput::Bytes(batch_bytes as u64));
+                g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500));
+                let cold = |g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, id: String, st: &Store, v: &SourceView, prefetch: bool| {
+                    let mut k = 0usize;
+                    g.bench_function(id, |b| {
+                        b.iter_custom(|iters| {
+                            let mut t = std::time::Duration::ZERO;
+                            for _ in 0..iters {
+                                k = (k + 1) % BATCHES;
+                                st.release_pages(true);
+                                if !prefetch {
+                                    st.set_cold(false);
+                                }
+                                let s = std::time::Instant::now();
+                                black_box(v.gather(&batches[k]).expect("gather"));
+                                t += s.elapsed();
+                            }
+                            t
+                        })
+                    });
+                };
+                cold(&mut g, format!("zrecord_{codec}"), &store, &sv, true);
+                cold(&mut g, format!("zrecord_{codec}_faults"), &store, &sv, false);
+                cold(&mut g, format!("zrecord_{codec}_pread"), &pread, &pv, true);
+                g.finish();
+                store.set_cold(false);
+                if codec == Codec::Raw {
+                    cold_rows.push((w.name, batch_bytes, fio_randread(&path, batch_bytes / BATCH as f64)));
+                }
+            }
             rows.push(Row { workload: w.name, codec, batch_bytes, ours_ns: 0.0, memcpy_ns: 0.0, zstd1_ns: None });
         }
         // memcpy of the same number of bytes from one contiguous buffer as large as the
@@ -142,6 +180,47 @@ fn main() {
     if let Some(ns) = mean_ns("open", "open_100m_records") {
         println!("\nopen a 100M-record store: {:.1} us", ns / 1e3);
     }
+    if !cold_rows.is_empty() {
+        println!("\n## Cold gather (pages evicted before every batch of {BATCH}, IID)\n");
+        println!("| workload | codec | zrecord records/s | page faults only (no prefetch) | pread + prefetch | x faults | fio randread QD32 IOPS (bs) | zrecord / fio |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|");
+        for (name, _bb, fio) in &cold_rows {
+            for codec in [Codec::Raw, Codec::Zstd] {
+                let g = format!("gather_cold_{name}");
+                let rate = |id: String| mean_ns(&g, &id).map(|ns| BATCH as f64 / (ns * 1e-9));
+                let (Some(ours), Some(faults), Some(pread)) = (rate(format!("zrecord_{codec}")), rate(format!("zrecord_{codec}_faults")), rate(format!("zrecord_{codec}_pread"))) else {
+                    continue;
+                };
+                let (fio_txt, ratio) = match fio {
+                    Some((iops, bs)) => (format!("{iops:.0} ({bs} B)"), format!("{:.2}x", ours / iops)),
+                    None => ("- (fio not installed)".into(), "-".into()),
+                };
+                println!("| {name} | {codec} | {ours:.0} | {faults:.0} | {pread:.0} | {:.2}x | {fio_txt} | {ratio} |", ours / faults);
+            }
+        }
+    }
+}
+
+/// Cold measurements run unless `ZREC_BENCH_COLD=0`.
+fn cold_enabled() -> bool {
+    std::env::var("ZREC_BENCH_COLD").map(|v| v != "0").unwrap_or(true)
+}
+
+/// The device's random-read rate at queue depth 32 over the store's data files, as `fio`
+/// measures it (direct I/O, so the page cache plays no part): (IOPS, block size), the block
+/// being one record rounded up to whole pages (what a cold record read costs). `None` when
+/// fio is not installed.
+fn fio_randread(store: &std::path::Path, record_bytes: f64) -> Option<(f64, usize)> {
+    let bs = ((record_bytes as usize).max(1)).div_ceil(4096) * 4096;
+    let files: Vec<String> = std::fs::read_dir(store).ok()?.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("data-"))).map(|p| p.display().to_string()).collect();
+    let out = std::process::Command::new("fio")
+        .args(["--name=randread", "--rw=randread", "--readonly", "--direct=1", "--ioengine=libaio", "--iodepth=32", "--time_based", "--runtime=4", "--output-format=json"])
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--filename={}", files.join(":")))
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some((v["jobs"][0]["read"]["iops"].as_f64()?, bs))
 }
 
 /// A 100M-record store whose index and data are sparse files.

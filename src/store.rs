@@ -74,7 +74,7 @@ pub use dense::{DenseStore, DenseView, DenseWriter};
 pub use format::{Kind, Logical};
 pub use gather::Ids;
 pub use ragged::{RaggedStore, RaggedView, RaggedWriter};
-pub use bytes::{ByteSource, Location, LocalFolder, ReadMode};
+pub use bytes::{ByteSource, Hint, Location, LocalFolder, ReadMode};
 pub use publish::Staging;
 pub use dataset::{Dataset, Stream};
 pub use selection::{ChunkIds, Chunks, IdSet, Selection};
@@ -134,6 +134,18 @@ pub enum Store {
     Dense(DenseStore),
     /// Variable shapes.
     Ragged(RaggedStore),
+}
+
+impl From<DenseStore> for Store {
+    fn from(s: DenseStore) -> Store {
+        Store::Dense(s)
+    }
+}
+
+impl From<RaggedStore> for Store {
+    fn from(s: RaggedStore) -> Store {
+        Store::Ragged(s)
+    }
 }
 
 impl Store {
@@ -203,6 +215,37 @@ impl Store {
     /// Element type.
     pub fn dtype(&self) -> DType {
         self.core().dtype
+    }
+
+    /// Drop this process's mapped pages of the store's files (resident memory goes down; the
+    /// next reads fault them back from the page cache or storage, same bytes). With `evict`
+    /// also ask the kernel to drop the files from the page cache (cold-read benchmarks).
+    pub fn release_pages(&self, evict: bool) {
+        self.core().release_pages(evict);
+    }
+
+    /// Bound the store's mapped residency: once `bytes` have been gathered since the last
+    /// release, its mapped pages are released ([`Store::release_pages`]), so a dataset larger
+    /// than RAM does not fill the process's resident set with pages it read once. `None`
+    /// (default): no bound, the kernel reclaims as it sees fit.
+    pub fn set_max_mapped_bytes(&self, bytes: Option<u64>) {
+        self.core().residency.max_mapped.store(bytes.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// True while gathers run in cold mode: they found the store's pages on storage, not in
+    /// memory, and now request every page of a batch up front (see the README, "Cold data").
+    pub fn is_cold(&self) -> bool {
+        self.core().residency.cold.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Put gathers in (or out of) cold mode now instead of waiting for a slow gather to do it.
+    pub fn set_cold(&self, cold: bool) {
+        self.core().residency.cold.store(cold, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Times the mapped pages were released (explicitly or by the bound).
+    pub fn page_releases(&self) -> u64 {
+        self.core().residency.releases.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records gathered through this opened store so far (every handle and view of it share

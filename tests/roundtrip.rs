@@ -269,3 +269,76 @@ fn concurrent_readers_share_one_store() {
         }
     });
 }
+
+/// Cold mode (every page of a batch requested up front), released and evicted pages, and the
+/// mapped-residency bound change how pages arrive, never the bytes: every codec, dense and
+/// ragged, against the references; a gather at memory speed leaves cold mode.
+#[rstest]
+#[case::raw(Codec::Raw)]
+#[case::zstd(Codec::Zstd)]
+#[case::zstd_dict(Codec::ZstdDict)]
+fn cold_mode_and_released_pages_read_the_same_bytes(#[case] codec: Codec) {
+    let dir = tempfile::tempdir().unwrap();
+    let alloc = Allocator::cpu(1 << 24);
+    let n = 3000usize;
+    let rb = 2048usize;
+    let data = random_bytes(n * rb, 5);
+    let samples: Vec<Vec<u8>> = data.chunks(rb).take(200).map(|c| c.to_vec()).collect();
+    let dpath = dir.path().join("d");
+    let mut w = DenseWriter::create(&dpath, DType::UInt8, &[rb], options(codec, 3, &samples)).unwrap();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    let fx = RaggedFixture::new(DType::Int32, 2, n, 40, 9);
+    let rsamples: Vec<Vec<u8>> = fx.records.iter().take(200).map(|r| r.0.clone()).collect();
+    let rpath = dir.path().join("r");
+    let mut w = RaggedWriter::create(&rpath, DType::Int32, 2, options(codec, 2, &rsamples)).unwrap();
+    fx.append_to(&mut w, 0, n).unwrap();
+    w.finish().unwrap();
+
+    let dense = DenseStore::open(&dpath).unwrap();
+    let ragged = RaggedStore::open(&rpath).unwrap();
+    let (ds, rs): (Store, Store) = (dense.clone().into(), ragged.clone().into());
+    let (dv, rv) = (dense.bind(&alloc), ragged.bind(&alloc));
+    for (round, seed) in (0..6).zip(40u64..) {
+        // Sorted, random with repeats, and adjacent ids (merged into one range per page run).
+        let ids = match round % 3 {
+            0 => random_ids(n as u64, 300, seed),
+            1 => (1000..1400).collect(),
+            _ => {
+                let mut v = random_ids(n as u64, 257, seed);
+                v.sort_unstable();
+                v
+            }
+        };
+        ds.set_cold(true);
+        rs.set_cold(true);
+        if round % 2 == 1 {
+            ds.release_pages(round == 3);
+            rs.release_pages(round == 3);
+        }
+        assert_eq!(dv.gather(&ids).unwrap().as_bytes(), &dense_reference(&data, rb, &ids)[..], "round {round}");
+        fx.check(&rv.gather(&ids).unwrap(), &ids);
+        // A gather at memory speed leaves cold mode (released pages refault from the page cache
+        // at memory speed too); retried, as a loaded machine can slow any one gather.
+        let left = (0..50).any(|_| {
+            let _ = dv.gather(&ids).unwrap();
+            !ds.is_cold()
+        });
+        assert!(left || cfg!(zrecord_sanitize), "round {round}: gathers at memory speed leave cold mode");
+    }
+    // The residency bound releases the mapped pages every `bound` gathered bytes.
+    let before = ds.page_releases();
+    ds.set_max_mapped_bytes(Some(1 << 20));
+    for seed in 0..8 {
+        let ids = random_ids(n as u64, 256, seed);
+        assert_eq!(dv.gather(&ids).unwrap().as_bytes(), &dense_reference(&data, rb, &ids)[..]);
+    }
+    // Released when a gather takes the count past 1 MiB: the 3rd and the 6th.
+    assert_eq!(ds.page_releases() - before, 2, "8 x 512 KiB gathered under a 1 MiB bound");
+    ds.set_max_mapped_bytes(None);
+    let before = ds.page_releases();
+    let _ = dv.gather(&random_ids(n as u64, 2048, 1)).unwrap();
+    assert_eq!(ds.page_releases(), before);
+    assert_eq!(dense.verify().unwrap(), n as u64);
+    assert_eq!(ragged.verify().unwrap(), n as u64);
+}

@@ -6,8 +6,13 @@ import threading
 import time
 
 
-def pss_tree(pid):
-    total = 0
+MEM_FIELDS = ("Pss", "Pss_Anon", "Pss_File")
+
+
+def mem_tree(pid):
+    """{Pss, Pss_Anon, Pss_File} in bytes summed over `pid` and its children (smaps_rollup):
+    anonymous memory (the loader's own buffers) and mapped file pages (the dataset) apart."""
+    total = dict.fromkeys(MEM_FIELDS, 0)
     pids = [pid]
     try:
         for t in os.listdir(f"/proc/{pid}/task"):
@@ -19,21 +24,33 @@ def pss_tree(pid):
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
                 for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
+                    key = line.split(":")[0]
+                    if key in total:
+                        total[key] += int(line.split()[1]) * 1024
         except OSError:
             pass
     return total
 
 
+def pss_tree(pid):
+    return mem_tree(pid)["Pss"]
+
+
 class PeakPss:
+    """Peak PSS of a process tree (`peak`), and the peaks of its anonymous and file-backed
+    parts (`peaks["Pss_Anon"]`, `peaks["Pss_File"]`), sampled every 10 ms."""
+
     def __init__(self, pid):
         self.pid, self.peak, self.stop = pid, 0, False
+        self.peaks = dict.fromkeys(MEM_FIELDS, 0)
         self.t = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
         while not self.stop:
-            self.peak = max(self.peak, pss_tree(self.pid))
+            m = mem_tree(self.pid)
+            for k, v in m.items():
+                self.peaks[k] = max(self.peaks[k], v)
+            self.peak = self.peaks["Pss"]
             time.sleep(0.01)
 
     def __enter__(self):
@@ -56,3 +73,35 @@ def measure(fn, batches, seconds):
         if k % 8 == 0 and time.perf_counter() - t0 >= seconds:
             break
     return (time.perf_counter() - t0) / k
+
+
+def drop_cache(*paths):
+    """Ask the kernel to drop the page-cache pages of every file under `paths` (pages still
+    mapped by a process stay: release mappings first)."""
+    for top in paths:
+        files = [top] if os.path.isfile(top) else [os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs]
+        for f in files:
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def measure_cold(fn, evict, batches, seconds, max_batches=400):
+    """Seconds per call of fn(batch) with evict() run (untimed) before every call, so each
+    batch starts with the data out of memory."""
+    evict()
+    fn(batches[0])  # warm the code paths (not the data)
+    total, k = 0.0, 0
+    while k < max_batches and (k < 8 or total < seconds):
+        evict()
+        t = time.perf_counter()
+        fn(batches[(k + 1) % len(batches)])
+        total += time.perf_counter() - t
+        k += 1
+    return total / k
+

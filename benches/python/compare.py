@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import numpy as np
 import zrecord
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import measure  # noqa: E402
+from _harness import drop_cache, measure, measure_cold  # noqa: E402
 
 BATCH = 256
 
@@ -108,33 +109,48 @@ def build_zrecord(w, root):
     return out, d
 
 
-def systems(w, root, alloc):
-    """name -> (codec class, gather fn returning a NumPy-comparable result)."""
+def systems(w, root, alloc, cold=False):
+    """name -> (codec class, gather fn returning a NumPy-comparable result, evict fn that takes
+    the system's data out of memory: its mappings released, its files dropped from the page
+    cache)."""
     res = {}
     stores, _ = build_zrecord(w, root)
     for codec, p in stores.items():
         for checked in (True, False):
             if codec != "raw" and not checked:
                 continue
-            view = zrecord.open(p).bind(alloc, verify_checksums=checked)
+            store = zrecord.open(p)
+            view = store.bind(alloc, verify_checksums=checked)
             name = f"zrecord {codec}" + ("" if checked else " (unchecked)")
             cls = "raw" if codec == "raw" else "compressed"
+            evict = lambda s=store: s.release_pages(evict=True)  # noqa: E731
             if isinstance(w, Dense):
-                res[name] = (cls, lambda ids, v=view: np.from_dlpack(v[ids]))
+                res[name] = (cls, lambda ids, v=view: np.from_dlpack(v[ids]), evict)
             else:
-                res[name] = (cls, lambda ids, v=view: np.from_dlpack(v[ids].values))
+                res[name] = (cls, lambda ids, v=view: np.from_dlpack(v[ids].values), evict)
     # NumPy .npy mmap + fancy indexing.
     if isinstance(w, Dense):
         npy = os.path.join(root, f"{w.name}.npy")
         np.save(npy, w.data)
         mm = np.load(npy, mmap_mode="r")
-        res["numpy mmap"] = ("raw", lambda ids, mm=mm: mm[ids])
+
+        def np_evict(mm=mm, npy=npy):
+            mm._mmap.madvise(mmap.MADV_DONTNEED)
+            drop_cache(npy)
+
+        res["numpy mmap"] = ("raw", lambda ids, mm=mm: mm[ids], np_evict)
     else:
         vp, cp = os.path.join(root, f"{w.name}-values.npy"), os.path.join(root, f"{w.name}-cu.npy")
         np.save(vp, w.values)
         np.save(cp, w.cu)
         mv, mc = np.load(vp, mmap_mode="r"), np.load(cp, mmap_mode="r")
-        res["numpy mmap"] = ("raw", lambda ids, mv=mv, mc=mc: np.concatenate([mv[mc[i]:mc[i + 1]] for i in ids]))
+
+        def np_evict(mv=mv, mc=mc):
+            for m in (mv, mc):
+                m._mmap.madvise(mmap.MADV_DONTNEED)
+            drop_cache(vp, cp)
+
+        res["numpy mmap"] = ("raw", lambda ids, mv=mv, mc=mc: np.concatenate([mv[mc[i]:mc[i + 1]] for i in ids]), np_evict)
     # Arrow IPC, memory-mapped, take.
     try:
         import pyarrow as pa
@@ -149,16 +165,29 @@ def systems(w, root, alloc):
         with pa.OSFile(ipc, "wb") as f, pa.ipc.new_file(f, table.schema) as wr:
             for b in table.to_batches(max_chunksize=max(1, (64 << 20) // max(1, table.nbytes // max(1, table.num_rows)))):
                 wr.write_batch(b)
-        src = pa.memory_map(ipc, "r")
-        t = pa.ipc.open_file(src).read_all().combine_chunks()
+        # Warm: one chunk (combined once); cold: the batches as mapped (combining copies the
+        # column into memory), the file mapped afresh after each eviction.
+        arrow = {"t": None}
+
+        def arrow_open(ipc=ipc, arrow=arrow):
+            arrow["t"] = None
+            t = pa.ipc.open_file(pa.memory_map(ipc, "r")).read_all()
+            arrow["t"] = t if cold else t.combine_chunks()
+
+        arrow_open()
         shape = w.data.shape[1:] if isinstance(w, Dense) else None
 
-        def arrow_take(ids, t=t, shape=shape):
-            taken = t.column("data").take(pa.array(ids)).combine_chunks()
+        def arrow_take(ids, arrow=arrow, shape=shape):
+            taken = arrow["t"].column("data").take(pa.array(ids)).combine_chunks()
             flat = taken.flatten().to_numpy()
             return flat.reshape((len(ids),) + shape) if shape is not None else flat
 
-        res["arrow ipc mmap take"] = ("raw", arrow_take)
+        def arrow_evict(ipc=ipc, arrow=arrow):
+            arrow["t"] = None
+            drop_cache(ipc)
+            arrow_open()
+
+        res["arrow ipc mmap take"] = ("raw", arrow_take, arrow_evict)
     except ImportError:
         pass
     # LMDB, one key per record.
@@ -166,26 +195,31 @@ def systems(w, root, alloc):
         import lmdb
 
         db = os.path.join(root, f"{w.name}.lmdb")
-        env = lmdb.open(db, map_size=1 << 40, subdir=True, readahead=False)
-        with env.begin(write=True) as txn:
+        lm = {"env": lmdb.open(db, map_size=1 << 40, subdir=True, readahead=False)}
+        with lm["env"].begin(write=True) as txn:
             for i in range(w.n):
                 v = w.data[i].tobytes() if isinstance(w, Dense) else w.values[w.cu[i]:w.cu[i + 1]].tobytes()
                 txn.put(i.to_bytes(8, "big"), v)
         dtype = w.data.dtype if isinstance(w, Dense) else w.values.dtype
 
-        def lmdb_get(ids, env=env, dtype=dtype):
-            with env.begin(buffers=True) as txn:
+        def lmdb_get(ids, lm=lm, dtype=dtype):
+            with lm["env"].begin(buffers=True) as txn:
                 parts = [np.frombuffer(txn.get(int(i).to_bytes(8, "big")), dtype=dtype) for i in ids]
                 out = np.concatenate(parts)
             return out.reshape((len(ids),) + w.data.shape[1:]) if isinstance(w, Dense) else out
 
-        res["lmdb"] = ("raw", lmdb_get)
+        def lmdb_evict(lm=lm, db=db):
+            lm["env"].close()
+            drop_cache(db)
+            lm["env"] = lmdb.open(db, map_size=1 << 40, subdir=True, readahead=False)
+
+        res["lmdb"] = ("raw", lmdb_get, lmdb_evict)
     except ImportError:
         pass
     return res
 
 
-def loaderx_results(w, root, seconds):
+def loaderx_results(w, root, seconds, cold=False):
     """Run loaderx under a Python >= 3.12 interpreter (if one with loaderx exists)."""
     py = os.environ.get("LOADERX_PYTHON")
     if not py or not shutil.which(py) and not os.path.exists(py):
@@ -197,7 +231,7 @@ def loaderx_results(w, root, seconds):
     else:
         np.savez(data, values=w.values, cu=w.cu)
     try:
-        out = subprocess.run([py, script, data, root, str(seconds), str(BATCH)], capture_output=True, text=True, timeout=900)
+        out = subprocess.run([py, script, data, root, str(seconds), str(BATCH)] + (["cold"] if cold else []), capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
         print(f"loaderx run failed: {e}", file=sys.stderr)
         return {}
@@ -213,6 +247,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--only", default="")
+    ap.add_argument("--cold", action="store_true", help="evict each system's data from memory before every batch")
     args = ap.parse_args()
     root = args.workdir or tempfile.mkdtemp(prefix="zrecord-compare-")
     os.makedirs(root, exist_ok=True)
@@ -230,11 +265,14 @@ def main():
         rng = np.random.default_rng(1)
         # Fresh IID batches: enough distinct ids that the working set is the whole dataset.
         batches = [rng.integers(0, w.n, BATCH) for _ in range(4096)]
-        systems_ = systems(w, root, alloc)
-        for name, (cls, fn) in systems_.items():
+        systems_ = systems(w, root, alloc, args.cold)
+        for name, (cls, fn, _) in systems_.items():
             np.testing.assert_array_equal(fn(batches[0]), w.expected(batches[0]), err_msg=name)
-        timings = {name: (cls, measure(fn, batches, args.seconds)) for name, (cls, fn) in systems_.items()}
-        for name, (cls, t) in loaderx_results(w, root, args.seconds).items():
+        if args.cold:
+            timings = {name: (cls, measure_cold(fn, evict, batches, args.seconds)) for name, (cls, fn, evict) in systems_.items()}
+        else:
+            timings = {name: (cls, measure(fn, batches, args.seconds)) for name, (cls, fn, _) in systems_.items()}
+        for name, (cls, t) in loaderx_results(w, root, args.seconds, args.cold).items():
             timings[name] = (cls, t)
         best = {}
         for name, (cls, t) in timings.items():
@@ -251,7 +289,7 @@ def main():
     view = zrecord.DenseStore(p).bind(alloc)
     ids = [5]
     t = measure(lambda i: view[i], [ids], 0.5)
-    print(f"\n## Python gather, IID batches of {BATCH}\n")
+    print(f"\n## Python gather, IID batches of {BATCH}{' (cold: data evicted before every batch)' if args.cold else ''}\n")
     print("| workload | system | class | records/s | us/batch | zrecord vs fastest peer |")
     print("|---|---|---|---:|---:|---|")
     for r in rows:

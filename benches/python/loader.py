@@ -43,6 +43,10 @@ def to_arrays(shards):
     return conv(v)
 
 
+def mem_of(mem):
+    return [mem.peak, mem.peaks["Pss_Anon"], mem.peaks["Pss_File"]]
+
+
 def run_zrecord(path, n, batches, workers):
     store = zrecord.open(path)
     alloc = zrecord.Allocator("cpu")
@@ -56,7 +60,24 @@ def run_zrecord(path, n, batches, workers):
             next(loader)
         dt = time.perf_counter() - t
     loader.close()
-    return batches * BATCH / dt, mem.peak
+    return [batches * BATCH / dt] + mem_of(mem)
+
+
+def run_gather(path, n, batches):
+    """The baseline a loader is measured against: the same sampler's batches gathered straight
+    from a view and passed through the same transform, on the calling thread."""
+    store = zrecord.open(path)
+    view = store.bind(zrecord.Allocator("cpu"))
+    sampler = zrecord.Sampler(n, BATCH, "iid", seed=1)
+    ids = [np.asarray(sampler.batch(s)) for s in range(batches + 10)]
+    for s in range(10):
+        to_arrays([{"data": view[ids[s]]}])
+    with PeakPss(os.getpid()) as mem:
+        t = time.perf_counter()
+        for s in range(10, batches + 10):
+            to_arrays([{"data": view[ids[s]]}])
+        dt = time.perf_counter() - t
+    return [batches * BATCH / dt] + mem_of(mem)
 
 
 def prepare_torch(w, root):
@@ -119,7 +140,7 @@ def run_torch(kind, root, n, batches):
             next(it)
         dt = time.perf_counter() - t
     del it, dl
-    return batches * BATCH / dt, mem.peak
+    return [batches * BATCH / dt] + mem_of(mem)
 
 
 LOADERX = r"""
@@ -153,7 +174,7 @@ with Allocator("cpu") as a:
         for _ in range(batches): next(loader)
         dt = time.perf_counter() - t
     loader.close()
-print(json.dumps([batches * 256 / dt, mem.peak]))
+print(json.dumps([batches * 256 / dt, mem.peak, mem.peaks["Pss_Anon"], mem.peaks["Pss_File"]]))
 """
 
 
@@ -191,6 +212,8 @@ def main():
         what, path, n, batches, extra = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         if what == "zrecord":
             print(json.dumps(run_zrecord(path, n, batches, int(extra))))
+        elif what == "gather":
+            print(json.dumps(run_gather(path, n, batches)))
         else:
             print(json.dumps(run_torch(extra, path, n, batches)))
         return
@@ -211,18 +234,21 @@ def main():
                 with zrecord.RaggedWriter(p, w.values.dtype, 1, "raw") as wr:
                     wr.append(zrecord.RaggedBatch(w.values, w.cu, np.diff(w.cu).astype(np.uint64).reshape(-1, 1)))
             # Every backend runs in a fresh process, so peak PSS counts only what it holds.
-            res = {f"zrecord (workers={wk})": fresh("zrecord", p, w.n, args.batches, wk, args.torch_python) for wk in (0, 2, 4)}
+            res = {"zrecord view gather + transform (baseline)": fresh("gather", p, w.n, args.batches, 0)}
+            res.update({f"zrecord (workers={wk})": fresh("zrecord", p, w.n, args.batches, wk, args.torch_python) for wk in (0, 2, 4)})
             prepare_torch(w, root)
             kind = "dense" if isinstance(w, compare.Dense) else "ragged"
             res["torch DataLoader (2 workers)"] = fresh("torch", root, w.n, args.batches, kind, args.torch_python)
             res["loaderx Loader"] = run_loaderx(w, root, args.batches)
             for name, r in res.items():
                 if r is not None:
-                    rows.append((w.name, name, r[0], r[1]))
-    print("| workload | loader | records/s | peak PSS MiB |")
-    print("|---|---|---:|---:|")
+                    rows.append((w.name, name, *r))
+    print("| workload | loader | records/s | x gather baseline | peak PSS MiB | peak anon PSS MiB | peak file PSS MiB |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    base = {r[0]: r[2] for r in rows if "baseline" in r[1]}
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:,.0f} | {r[3] / 2**20:.0f} |")
+        ratio = f"{r[2] / base[r[0]]:.2f}x" if r[0] in base else ""
+        print(f"| {r[0]} | {r[1]} | {r[2]:,.0f} | {ratio} | {r[3] / 2**20:.0f} | {r[4] / 2**20:.0f} | {r[5] / 2**20:.0f} |")
 
 
 if __name__ == "__main__":

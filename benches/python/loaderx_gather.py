@@ -1,6 +1,6 @@
 """Measure the PyPI `loaderx` gather on one workload (run under Python >= 3.12 by compare.py).
 
-    python3.12 loaderx_gather.py DATA.npz WORKDIR SECONDS BATCH
+    python3.12 loaderx_gather.py DATA.npz WORKDIR SECONDS BATCH [cold]
 Prints one JSON line {"loaderx <codec>": [class, seconds_per_batch], ...}.
 """
 
@@ -10,12 +10,13 @@ import sys
 
 import numpy as np
 from loaderx import Allocator
-from _harness import measure  # same directory: on sys.path when run as a script
+from _harness import drop_cache, measure, measure_cold  # same directory: on sys.path when run as a script
 from loaderx.zrecord import DenseStore, DenseWriter, RaggedBatch, RaggedStore, RaggedWriter, train_dict
 
 
 def main():
     data_path, root, seconds, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    cold = sys.argv[5:] == ["cold"]
     z = np.load(data_path)
     dense = "data" in z
     name = os.path.basename(data_path)[3:-4]
@@ -60,7 +61,26 @@ def main():
                 fn = lambda ids, v=view: np.from_dlpack(v[ids].values)  # noqa: E731
                 want = np.concatenate([values[cu[i]:cu[i + 1]] for i in batches[0]])
                 np.testing.assert_array_equal(fn(batches[0]), want)
-            out[f"loaderx {codec}"] = ["raw" if codec == "raw" else "compressed", measure(fn, batches, seconds)]
+            if cold:
+                # Reopened after every eviction, so no mapping of its files survives.
+                state = {"store": store, "view": view}
+                Store = DenseStore if dense else RaggedStore
+
+                def evict(state=state, p=p, Store=Store):
+                    state["store"].close()
+                    drop_cache(p)
+                    state["store"] = Store(p)
+                    state["view"] = state["store"].bind(alloc)
+
+                if dense:
+                    fn = lambda ids, s=state: np.from_dlpack(s["view"][ids])  # noqa: E731
+                else:
+                    fn = lambda ids, s=state: np.from_dlpack(s["view"][ids].values)  # noqa: E731
+                t = measure_cold(fn, evict, batches, seconds)
+                store = state["store"]
+            else:
+                t = measure(fn, batches, seconds)
+            out[f"loaderx {codec}"] = ["raw" if codec == "raw" else "compressed", t]
             store.close()
     print(json.dumps(out))
 

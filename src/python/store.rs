@@ -278,6 +278,26 @@ macro_rules! store_class {
                     })
                 })
             }
+            /// Drop this process's mapped pages of the store (resident memory goes down; the next
+            /// reads fault them back, same bytes). `evict=True` also asks the kernel to drop the
+            /// files from the page cache (for cold-read benchmarks).
+            #[pyo3(signature = (evict = false))]
+            fn release_pages(&self, evict: bool) -> PyResult<()> {
+                crate::store::Store::from(self.store()?).release_pages(evict);
+                Ok(())
+            }
+            /// Bound the mapped residency: release the mapped pages each time this many bytes
+            /// were gathered (None: no bound).
+            fn set_max_mapped_bytes(&self, bytes: Option<u64>) -> PyResult<()> {
+                crate::store::Store::from(self.store()?).set_max_mapped_bytes(bytes);
+                Ok(())
+            }
+            /// True while gathers prefetch every page of a batch up front (the store's pages
+            /// were found on storage, not in memory).
+            #[getter]
+            fn cold(&self) -> PyResult<bool> {
+                Ok(crate::store::Store::from(self.store()?).is_cold())
+            }
             /// Release the store; its views raise from now on.
             fn close(&self) {
                 self.flag.close();

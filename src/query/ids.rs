@@ -188,19 +188,14 @@ pub fn param_ids(param: &IdParam, value: &ScalarValue, n: u64) -> crate::error::
     Ok(ids_to_set(&ids))
 }
 
-/// Sorted, merged ranges of any ids (all below the table size).
+/// Sorted, merged ranges of any ids.
 pub fn ids_to_set(ids: &[u64]) -> IdSet {
+    if ids.windows(2).all(|w| w[0] <= w[1]) {
+        return IdSet::from_sorted_ids(ids);
+    }
     let mut v = ids.to_vec();
     v.sort_unstable();
-    v.dedup();
-    let mut ranges: Vec<std::ops::Range<u64>> = Vec::with_capacity(v.len());
-    for i in v {
-        match ranges.last_mut() {
-            Some(r) if r.end == i => r.end += 1,
-            _ => ranges.push(i..i + 1),
-        }
-    }
-    IdSet::from_ranges(ranges)
+    IdSet::from_sorted_ids(&v)
 }
 
 #[cfg(test)]

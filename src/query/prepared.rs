@@ -178,8 +178,10 @@ impl PreparedQuery {
                     if !p.list {
                         return Err(Error::invalid("parameter", format!("{} is one id (_id = {}), not an id list: use execute", p.id, p.id)));
                     }
-                    let inside: Vec<u64> = if ids.iter().all(|&i| i < n) { ids.to_vec() } else { ids.iter().copied().filter(|&i| i < n).collect() };
-                    Ok(ids_to_set(&inside))
+                    if ids.iter().all(|&i| i < n) {
+                        return Ok(ids_to_set(ids));
+                    }
+                    Ok(ids_to_set(&ids.iter().copied().filter(|&i| i < n).collect::<Vec<_>>()))
                 })?;
                 datafusion::physical_plan::collect(plan, self.task.clone()).await
             }

@@ -170,7 +170,10 @@ impl TableProvider for ZrecordTable {
 impl ZrecordTable {
     /// The table's records within `pushed` (the `_id` filters), first `limit` of them.
     fn restrict(&self, pushed: &IdSet, any_filter: bool, limit: Option<usize>) -> Selection {
+        let n = self.dataset.len();
         let mut selection = match self.selection() {
+            // Filters only ever select ids of the table: nothing to intersect.
+            Selection::Set(_) if pushed.ranges().last().is_none_or(|r| r.end <= n) => Selection::Set(pushed.clone()),
             Selection::Set(all) => Selection::Set(all.intersect(pushed)),
             Selection::List(l) if any_filter => Selection::List(Arc::new(l.iter().copied().filter(|&i| pushed.contains(i)).collect())),
             list => list,

@@ -43,6 +43,30 @@ pub trait ByteSource: Send + Sync {
     fn lost_pages(&self) -> u64 {
         0
     }
+
+    /// Tell the kernel how bytes will be used (a hint: never fails, may do nothing). Local
+    /// files pass it on; other sources ignore it.
+    fn advise(&self, _hint: Hint, _offset: u64, _len: u64) {}
+}
+
+/// How a reader is about to use a byte range (see [`ByteSource::advise`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hint {
+    /// These bytes are read soon: start reading them from storage now (asynchronously).
+    WillNeed,
+    /// Accesses are random: no read-around on page faults (the whole source).
+    Random,
+    /// Drop this process's mapped pages of the whole source (they stay in the page cache).
+    Release,
+    /// [`Hint::Release`], then ask the kernel to drop the file's pages from the page cache.
+    Evict,
+}
+
+/// `posix_fadvise` on `file` (a hint: errors ignored).
+fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise only reads its integer arguments; `file` is open for the call.
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, advice) };
 }
 
 impl dyn ByteSource + '_ {
@@ -250,6 +274,33 @@ impl ByteSource for Mapped {
     fn lost_pages(&self) -> u64 {
         self.guard.faults()
     }
+
+    fn advise(&self, hint: Hint, offset: u64, len: u64) {
+        let Some(m) = &self.map else { return };
+        match hint {
+            Hint::WillNeed => {
+                let at = usize::try_from(offset).unwrap_or(usize::MAX).min(m.len());
+                let n = usize::try_from(len).unwrap_or(usize::MAX).min(m.len() - at);
+                if n > 0 {
+                    let _ = m.advise_range(memmap2::Advice::WillNeed, at, n);
+                }
+            }
+            Hint::Random => {
+                let _ = m.advise(memmap2::Advice::Random);
+            }
+            Hint::Release | Hint::Evict => {
+                // SAFETY: the mapping is read-only and the file is immutable (the
+                // store contract): dropping its pages only makes the next access fault the same
+                // bytes back in from the file. No reference can observe a change.
+                let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+                if hint == Hint::Evict {
+                    if let Ok(f) = File::open(&self.path) {
+                        fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A file read with positional reads (no mapping, no page faults on the reading thread).
@@ -278,6 +329,15 @@ impl ByteSource for PreadFile {
 
     fn as_slice(&self) -> Option<&[u8]> {
         None
+    }
+
+    fn advise(&self, hint: Hint, offset: u64, len: u64) {
+        match hint {
+            Hint::WillNeed => fadvise(&self.file, offset, len, libc::POSIX_FADV_WILLNEED),
+            Hint::Random => fadvise(&self.file, 0, 0, libc::POSIX_FADV_RANDOM),
+            Hint::Release => {}
+            Hint::Evict => fadvise(&self.file, 0, 0, libc::POSIX_FADV_DONTNEED),
+        }
     }
 
     fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {

@@ -206,6 +206,8 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
     let b = ids.len();
     let total = rb.checked_mul(b).ok_or_else(|| Error::invalid("indices", format!("{b} records of {rb} bytes overflow")))?;
     let mut alloc = allocator.allocate(total)?;
+    core.prefetch_cold(ids);
+    let started = std::time::Instant::now();
     if rb > 0 && b > 0 {
         let out = &mut alloc.as_uninit_mut()[..total];
         // Records `lo..lo + chunk.len() / rb` into `chunk`, prefetching a few ahead.
@@ -241,6 +243,7 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
             })?;
         }
     }
+    core.observe(b, total, started.elapsed());
     core.check_files_intact()?;
     let mut shape = Vec::with_capacity(core.item_shape.len() + 1);
     shape.push(b);
@@ -265,6 +268,8 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
     let b = ids.len();
     let nd = core.ndim;
     let esize = core.dtype.size();
+    core.prefetch_cold(ids);
+    let started = std::time::Instant::now();
     // Pass 1: read (and check) every shape row once; offsets follow from them.
     let mut cu: Vec<i32> = Vec::with_capacity(b + 1);
     let mut shapes: Vec<u64> = Vec::with_capacity(b * nd);
@@ -334,6 +339,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
             })?;
         }
     }
+    core.observe(b, values_bytes, started.elapsed());
     core.check_files_intact()?;
     // SAFETY: values (all `values_bytes`), cu_seqlens (`b + 1` int32) and shapes (`b * nd`
     // uint64) were all written above; padding between them is never exposed.

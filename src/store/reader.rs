@@ -12,7 +12,7 @@ use twox_hash::XxHash3_64;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::store::bytes::{source_hash_hex, ByteSource, Location};
+use crate::store::bytes::{source_hash_hex, ByteSource, Hint, Location};
 use crate::store::codec::{Codec, DecodeContext, Decoder};
 use crate::store::format::{self, IndexEntry, Kind, Manifest, ENTRY_BYTES, HEADER_BYTES};
 use crate::store::writer::file_hash_hex;
@@ -36,6 +36,25 @@ fn prefetch_line(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// `WILLNEED` for sorted byte ranges of `f`, ranges on the same or adjacent pages merged.
+fn advise_merged(f: &StoreFile, ranges: impl Iterator<Item = (u64, u64)>) {
+    const PAGE: u64 = 4096;
+    let mut cur: Option<(u64, u64)> = None;
+    for (a, z) in ranges {
+        cur = match cur {
+            Some((ca, cz)) if a <= cz + PAGE => Some((ca, cz.max(z))),
+            Some((ca, cz)) => {
+                f.source().advise(Hint::WillNeed, ca, cz - ca);
+                Some((a, z))
+            }
+            None => Some((a, z)),
+        };
+    }
+    if let Some((ca, cz)) = cur {
+        f.source().advise(Hint::WillNeed, ca, cz - ca);
+    }
 }
 
 /// Largest ragged ndim accepted (keeps shape rows on the stack).
@@ -165,7 +184,36 @@ pub(crate) struct StoreCore {
     pub(crate) decoder: Decoder,
     /// Records gathered through this opened store (a counter for tests and metrics).
     pub(crate) records_read: std::sync::atomic::AtomicU64,
+    /// Cold-read mode and the mapped-residency bound (see [`Residency`]).
+    pub(crate) residency: Residency,
 }
+
+/// How a store's gathers meet storage. Gathers from a mapping that is not in the page cache
+/// fault one page at a time per thread (queue depth 2 on two cores, plus the kernel's
+/// read-around of pages nobody asked for). A gather far slower than memory switches the store
+/// to cold mode: from then on each gather first asks the kernel for every page it needs — the
+/// index entries (and shape rows) of all its ids, then all its records' bytes — in one burst
+/// of `WILLNEED` hints, so the device works at the queue depth of the batch, and page faults
+/// stop reading around. A gather whose reads then run near memory speed (within 2x of the
+/// estimate; 8x switched it on) switches it back.
+#[derive(Default)]
+pub(crate) struct Residency {
+    pub(crate) cold: std::sync::atomic::AtomicBool,
+    random_set: std::sync::atomic::AtomicBool,
+    /// Bound on bytes gathered between two releases of the mapped pages (0: none).
+    pub(crate) max_mapped: AtomicU64,
+    since_release: AtomicU64,
+    /// Times the mapped pages were released (for tests and metrics).
+    pub(crate) releases: AtomicU64,
+}
+
+/// A gather slower than `COLD_FACTOR` times this estimate of a memory-speed gather (per record
+/// plus per byte) is reading from storage.
+const WARM_NS_PER_RECORD: u64 = 500;
+const WARM_BYTES_PER_NS: u64 = 2;
+const COLD_FACTOR: u64 = 8;
+/// ... and slower than this (a thread preempted for a moment is not storage).
+const COLD_MIN_NS: u64 = 200_000;
 
 /// What the manifest says, checked: the parts of a [`StoreCore`] that need no file but it.
 struct Described {
@@ -341,6 +389,7 @@ impl StoreCore {
             seed_key,
             verified: VerifiedSet::new(len),
             records_read: std::sync::atomic::AtomicU64::new(0),
+            residency: Residency::default(),
             path,
             kind: manifest.kind,
             dtype: d.dtype,
@@ -414,6 +463,77 @@ impl StoreCore {
             self.index.path(),
             format!("record {id} points at bytes {}+{} beyond {} ({} bytes)", e.offset, e.stored_len, shard.path().display(), shard.len()),
         )
+    }
+
+    /// Every file of the store.
+    fn files(&self) -> impl Iterator<Item = &StoreFile> {
+        std::iter::once(&self.index).chain(self.shapes.iter()).chain(self.shards.iter())
+    }
+
+    /// In cold mode, ask the kernel for every page a gather of `ids` will touch, all at once
+    /// (see [`Residency`]). Does nothing otherwise.
+    pub(crate) fn prefetch_cold(&self, ids: crate::store::Ids<'_>) {
+        if !self.residency.cold.load(Ordering::Relaxed) || ids.is_empty() {
+            return;
+        }
+        let n = ids.len();
+        let rows = |f: &StoreFile, row: usize| {
+            let mut at: Vec<u64> = (0..n).map(|k| (HEADER_BYTES + ids.get(k) as usize * row) as u64).collect();
+            at.sort_unstable();
+            advise_merged(f, at.into_iter().map(|a| (a, a + row as u64)));
+        };
+        rows(&self.index, ENTRY_BYTES);
+        if let Some(sh) = &self.shapes {
+            rows(sh, self.ndim * 8);
+        }
+        // The entries' pages are on their way: read them (waiting for those pages only) and
+        // ask for the records, per shard, adjacent ranges merged.
+        let mut ranges: Vec<(u16, u64, u64)> = Vec::with_capacity(n);
+        for k in 0..n {
+            if let Ok(e) = self.entry(ids.get(k)) {
+                ranges.push((e.shard, e.offset, e.offset.saturating_add(e.stored_len as u64)));
+            }
+        }
+        ranges.sort_unstable();
+        for (i, shard) in self.shards.iter().enumerate() {
+            advise_merged(shard, ranges.iter().filter(|r| r.0 as usize == i).map(|r| (r.1, r.2)));
+        }
+    }
+
+    /// After a gather's reads of `records` records, `bytes` bytes, took `elapsed` (hints not
+    /// counted): switch cold mode on or off, and release mapped pages past the residency bound.
+    pub(crate) fn observe(&self, records: usize, bytes: usize, elapsed: std::time::Duration) {
+        let r = &self.residency;
+        if records == 0 {
+            return;
+        }
+        let warm_ns = records as u64 * WARM_NS_PER_RECORD + bytes as u64 / WARM_BYTES_PER_NS;
+        let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
+        if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) {
+            if !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
+                // From now on this store's pages come in by explicit hints: no read-around.
+                for f in self.files() {
+                    f.source().advise(Hint::Random, 0, f.len());
+                }
+            }
+        } else if ns <= warm_ns.saturating_mul(2) {
+            r.cold.store(false, Ordering::Relaxed);
+        }
+        let max = r.max_mapped.load(Ordering::Relaxed);
+        if max > 0 && r.since_release.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64 > max {
+            r.since_release.store(0, Ordering::Relaxed);
+            self.release_pages(false);
+        }
+    }
+
+    /// Drop this process's mapped pages of every file (they refault from the page cache or
+    /// the file on the next read); with `evict`, also ask the kernel to drop the files from the
+    /// page cache (what a benchmark of cold reads does before each batch).
+    pub(crate) fn release_pages(&self, evict: bool) {
+        self.residency.releases.fetch_add(1, Ordering::Relaxed);
+        for f in self.files() {
+            f.source().advise(if evict { Hint::Evict } else { Hint::Release }, 0, f.len());
+        }
     }
 
     /// Hint the CPU to start loading record `id` (mapped shards only): the first line of each
@@ -563,8 +683,7 @@ impl StoreCore {
     /// the bytes just read may be zeros standing in for lost pages.
     #[inline]
     pub(crate) fn check_files_intact(&self) -> Result<()> {
-        let files = std::iter::once(&self.index).chain(self.shapes.iter()).chain(self.shards.iter());
-        for f in files {
+        for f in self.files() {
             if f.source().lost_pages() != 0 {
                 return Err(Error::corrupt(
                     f.path(),

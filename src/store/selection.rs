@@ -46,6 +46,20 @@ impl IdSet {
         IdSet { ranges: out }
     }
 
+    /// The set of `ids`, which must be sorted ascending (duplicates allowed): one pass, no sort.
+    pub fn from_sorted_ids(ids: &[u64]) -> IdSet {
+        debug_assert!(ids.windows(2).all(|w| w[0] <= w[1]));
+        let mut ranges: Vec<Range<u64>> = Vec::with_capacity(ids.len());
+        for &i in ids {
+            match ranges.last_mut() {
+                Some(r) if i < r.end => {}
+                Some(r) if i == r.end => r.end += 1,
+                _ => ranges.push(i..i + 1),
+            }
+        }
+        IdSet { ranges }
+    }
+
     /// The ranges.
     pub fn ranges(&self) -> &[Range<u64>] {
         &self.ranges

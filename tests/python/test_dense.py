@@ -180,3 +180,31 @@ def test_numpy_integer_scalars_index_one_record(tmp_path, alloc):
     np.testing.assert_array_equal(np.from_dlpack(view[np.array(3)]), data[3])
     with pytest.raises(IndexError):
         view[np.uint8(10)]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_released_and_evicted_pages_read_back_the_same(tmp_path, alloc, codec):
+    data = random_array("uint16", (500, 1024), seed=3)
+    path = tmp_path / "s"
+    with zrecord.DenseWriter(path, data.dtype, data.shape[1:], data_shards=2, **writer_kwargs(codec, data)) as w:
+        w.append(data)
+    store = zrecord.DenseStore(path)
+    view = store.bind(alloc)
+    ids = np.array([499, 0, 7, 7, 250])
+    np.testing.assert_array_equal(np.from_dlpack(view[ids]), data[ids])
+    assert store.cold is False
+    store.release_pages()
+    np.testing.assert_array_equal(np.from_dlpack(view[ids]), data[ids])
+    store.release_pages(evict=True)
+    np.testing.assert_array_equal(np.from_dlpack(view[ids[::-1]]), data[ids[::-1]])
+    # A residency bound: reads stay exact while the mapped pages are released under them.
+    store.set_max_mapped_bytes(64 << 10)
+    for k in range(20):
+        b = np.random.default_rng(k).integers(0, 500, 64)
+        np.testing.assert_array_equal(np.from_dlpack(view[b]), data[b])
+    store.set_max_mapped_bytes(None)
+    with pytest.raises(TypeError):
+        store.set_max_mapped_bytes("lots")
+    store.close()
+    with pytest.raises(ValueError):
+        store.release_pages()
