@@ -47,6 +47,19 @@ pub trait ByteSource: Send + Sync {
     /// Tell the kernel how bytes will be used (a hint: never fails, may do nothing). Local
     /// files pass it on; other sources ignore it.
     fn advise(&self, _hint: Hint, _offset: u64, _len: u64) {}
+
+    /// Whether the bytes at `offset..offset + len` are all in memory (the page cache), when
+    /// the source can tell (mapped files); `None` otherwise.
+    fn resident(&self, _offset: u64, _len: u64) -> Option<bool> {
+        None
+    }
+
+    /// [`ByteSource::read_at`] for data that is probably not in memory: a mapped source reads
+    /// with a positional read (one system call that waits for the storage once) instead of
+    /// page-faulting through its mapping one page at a time.
+    fn read_at_cold(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        self.read_at(offset, out)
+    }
 }
 
 /// How a reader is about to use a byte range (see [`ByteSource::advise`]).
@@ -60,6 +73,31 @@ pub enum Hint {
     Release,
     /// [`Hint::Release`], then ask the kernel to drop the file's pages from the page cache.
     Evict,
+}
+
+/// Fill `out` from `file` at `offset` with positional reads (retrying short reads and EINTR).
+fn pread_exact(file: &File, path: &Path, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut done = 0usize;
+    while done < out.len() {
+        let rest = &mut out[done..];
+        // SAFETY: `rest` is a live, writable region of `rest.len()` bytes that pread fills
+        // (it never reads it); `fd` is open for the lifetime of `file`.
+        let n = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io(path, e));
+        }
+        if n == 0 {
+            return Err(Error::corrupt(path, format!("file ended at {} while reading {} bytes at {offset}", offset + done as u64, out.len())));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 /// `posix_fadvise` on `file` (a hint: errors ignored).
@@ -222,6 +260,8 @@ pub struct Mapped {
     /// Declared before `map`: unregistered before the mapping goes away.
     guard: crate::store::sigbus::Guard,
     map: Option<Mmap>,
+    /// Opened on the first cold read ([`ByteSource::read_at_cold`]).
+    file: std::sync::OnceLock<Option<File>>,
 }
 
 impl Mapped {
@@ -240,7 +280,7 @@ impl Mapped {
             Some(m) => crate::store::sigbus::Guard::register(m.as_ptr(), m.len()),
             None => crate::store::sigbus::Guard::register(std::ptr::null(), 0),
         };
-        Ok(Mapped { path, guard, map })
+        Ok(Mapped { path, guard, map, file: std::sync::OnceLock::new() })
     }
 
     fn bytes(&self) -> &[u8] {
@@ -273,6 +313,39 @@ impl ByteSource for Mapped {
 
     fn lost_pages(&self) -> u64 {
         self.guard.faults()
+    }
+
+    fn resident(&self, offset: u64, len: u64) -> Option<bool> {
+        const PAGE: usize = 4096;
+        let m = self.map.as_ref()?;
+        let at = usize::try_from(offset).ok()?.min(m.len());
+        let end = at.saturating_add(usize::try_from(len).ok()?).min(m.len());
+        if end <= at {
+            return Some(true);
+        }
+        let base = m.as_ptr() as usize;
+        let first = (base + at) & !(PAGE - 1);
+        let pages = (base + end - first).div_ceil(PAGE);
+        let mut vec = [0u8; 64];
+        let pages = pages.min(vec.len());
+        // SAFETY: `first..first + pages * PAGE` lies within the live mapping `m` (page-aligned
+        // start at or after the mapping's first page, which is page-aligned; at most up to the
+        // page holding `end`); mincore writes one byte per page into `vec`, which has room.
+        let r = unsafe { libc::mincore(first as *mut libc::c_void, pages * PAGE, vec.as_mut_ptr()) };
+        (r == 0).then(|| vec[..pages].iter().all(|v| v & 1 == 1))
+    }
+
+    fn read_at_cold(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        let end = offset.checked_add(out.len() as u64).filter(|&e| e <= self.len());
+        if end.is_none() {
+            return Err(past_end(&self.path, offset, out.len(), self.len()));
+        }
+        // The same file the mapping shows (stores are immutable); if it cannot be opened now,
+        // the mapping still can be read.
+        match self.file.get_or_init(|| File::open(&self.path).ok()) {
+            Some(f) => pread_exact(f, &self.path, offset, out),
+            None => self.read_at(offset, out),
+        }
     }
 
     fn advise(&self, hint: Hint, offset: u64, len: u64) {
@@ -341,32 +414,13 @@ impl ByteSource for PreadFile {
     }
 
     fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
-        use std::os::fd::AsRawFd;
         let end = offset.checked_add(out.len() as u64).filter(|&e| e <= self.len);
         if end.is_none() {
             return Err(past_end(&self.path, offset, out.len(), self.len));
         }
-        let fd = self.file.as_raw_fd();
-        let mut done = 0usize;
-        while done < out.len() {
-            let rest = &mut out[done..];
-            // SAFETY: `rest` is a live, writable region of `rest.len()` bytes that pread fills
-            // (it never reads it); `fd` is open for the lifetime of `self.file`.
-            let n = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(Error::io(&self.path, e));
-            }
-            if n == 0 {
-                return Err(Error::corrupt(&self.path, format!("file ended at {} while reading {} bytes at {offset}", offset + done as u64, out.len())));
-            }
-            done += n as usize;
-        }
-        Ok(())
+        pread_exact(&self.file, &self.path, offset, out)
     }
+
 }
 
 /// xxh3 of a whole source, hex (streamed in 1 MiB pieces for unmapped sources).

@@ -194,8 +194,9 @@ pub(crate) struct StoreCore {
 /// to cold mode: from then on each gather first asks the kernel for every page it needs — the
 /// index entries (and shape rows) of all its ids, then all its records' bytes — in one burst
 /// of `WILLNEED` hints, so the device works at the queue depth of the batch, and page faults
-/// stop reading around. A gather whose reads then run near memory speed (within 2x of the
-/// estimate; 8x switched it on) switches it back.
+/// stop reading around, and records are read with positional reads (one wait per record instead
+/// of one page fault per page). When a few records of a batch probe resident (`mincore`), the
+/// data is back in memory and the store leaves cold mode.
 #[derive(Default)]
 pub(crate) struct Residency {
     pub(crate) cold: std::sync::atomic::AtomicBool,
@@ -214,6 +215,9 @@ const WARM_BYTES_PER_NS: u64 = 2;
 const COLD_FACTOR: u64 = 8;
 /// ... and slower than this (a thread preempted for a moment is not storage).
 const COLD_MIN_NS: u64 = 200_000;
+/// Records of a cold batch probed for residency (`mincore`), and bytes of each.
+const PROBES: usize = 4;
+const PROBE_BYTES: u64 = 64 << 10;
 
 /// What the manifest says, checked: the parts of a [`StoreCore`] that need no file but it.
 struct Described {
@@ -477,6 +481,17 @@ impl StoreCore {
             return;
         }
         let n = ids.len();
+        // Back in memory (a later epoch, or the page cache grew)? Probe a few records of the
+        // batch: all resident leaves cold mode before paying for hints and system calls.
+        let probe = |k: usize| -> Option<bool> {
+            let e = self.entry(ids.get(k)).ok()?;
+            self.shards.get(e.shard as usize)?.source().resident(e.offset, (e.stored_len as u64).min(PROBE_BYTES))
+        };
+        let probes = n.min(PROBES);
+        if (0..probes).all(|j| probe(j * n / probes) == Some(true)) {
+            self.residency.cold.store(false, Ordering::Relaxed);
+            return;
+        }
         let rows = |f: &StoreFile, row: usize| {
             let mut at: Vec<u64> = (0..n).map(|k| (HEADER_BYTES + ids.get(k) as usize * row) as u64).collect();
             at.sort_unstable();
@@ -509,15 +524,12 @@ impl StoreCore {
         }
         let warm_ns = records as u64 * WARM_NS_PER_RECORD + bytes as u64 / WARM_BYTES_PER_NS;
         let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
-        if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) {
-            if !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
-                // From now on this store's pages come in by explicit hints: no read-around.
-                for f in self.files() {
-                    f.source().advise(Hint::Random, 0, f.len());
-                }
+        // Slow reads switch cold mode on (and, once, read-around off: from then on this
+        // store's pages come in by explicit hints); `prefetch_cold` switches it off.
+        if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) && !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
+            for f in self.files() {
+                f.source().advise(Hint::Random, 0, f.len());
             }
-        } else if ns <= warm_ns.saturating_mul(2) {
-            r.cold.store(false, Ordering::Relaxed);
         }
         let max = r.max_mapped.load(Ordering::Relaxed);
         if max > 0 && r.since_release.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64 > max {
@@ -593,7 +605,10 @@ impl StoreCore {
             Check::Always => true,
         };
         let shard = self.shard(id, &e)?;
-        let Some(bytes) = shard.as_slice() else {
+        // Cold mode reads with positional reads, waiting for storage once per record instead
+        // of page-faulting through the mapping page by page.
+        let mapped = if self.residency.cold.load(Ordering::Relaxed) { None } else { shard.as_slice() };
+        let Some(bytes) = mapped else {
             self.read_unmapped(ctx, id, shape, out, &e, shard, verify)?;
             if verify {
                 self.verified.insert(id);
@@ -626,7 +641,7 @@ impl StoreCore {
         Ok(())
     }
 
-    /// `read_into` for a source that is not mapped: positional reads (raw records straight into
+    /// `read_into` for a source that is not mapped (or a mapped one in cold mode): positional reads (raw records straight into
     /// their output slot, compressed ones through the context's scratch buffer). Out of line so
     /// the mapped fast path stays small enough to inline into the gather loops.
     #[inline(never)]
@@ -649,7 +664,7 @@ impl StoreCore {
             if len != out.len() {
                 return Err(Error::corrupt(shard.path(), format!("raw record {id} is {len} bytes, expected {}", out.len())));
             }
-            shard.read_at(e.offset, out)?;
+            shard.source().read_at_cold(e.offset, out)?;
             if verify {
                 // SAFETY: `read_at` succeeded, so all of `out` was just written.
                 let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
@@ -660,7 +675,7 @@ impl StoreCore {
         let mut scratch = std::mem::take(&mut ctx.scratch);
         scratch.clear();
         scratch.reserve(len);
-        let r = shard.read_at(e.offset, &mut scratch.spare_capacity_mut()[..len]).and_then(|()| {
+        let r = shard.source().read_at_cold(e.offset, &mut scratch.spare_capacity_mut()[..len]).and_then(|()| {
             // SAFETY: `read_at` succeeded: `len` bytes were written.
             unsafe { scratch.set_len(len) };
             if verify {
