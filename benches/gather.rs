@@ -96,6 +96,9 @@ fn main() {
             // Cold: every batch starts with the store's pages evicted from memory (its mapped
             // pages released, the files dropped from the page cache).
             if cold_enabled() && codec != Codec::ZstdDict {
+                // Dirty pages (the store was just written) cannot be evicted: write them back.
+                // SAFETY: sync takes no arguments and cannot fail.
+                unsafe { libc::sync() };
                 let mut g = c.benchmark_group(format!("gather_cold_{}", w.name));
                 g.throughput(Throughput::Bytes(batch_bytes as u64));
                 g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500));
