@@ -97,6 +97,9 @@ def render() -> str:
     lines += _stub_section(zrecord)
     lines += _py_module(sys.modules["zrecord"], "Package functions", functions_only=True)
     lines += _py_module(zrecord.grain, "Grain adapter")
+    import zrecord.text
+
+    lines += _py_module(zrecord.text, "Text: string tensors and text stages")
     try:
         import zrecord.torch
     except ImportError:

@@ -21,6 +21,7 @@ pub mod memory;
 pub mod query;
 pub mod sample;
 pub mod store;
+pub mod text;
 #[cfg(feature = "python")]
 mod python;
 

@@ -11,6 +11,7 @@ mod progress;
 mod source;
 mod sql;
 mod store;
+mod text;
 
 use pyo3::prelude::*;
 
@@ -46,6 +47,11 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sql::PyQueryResult>()?;
     m.add_class::<sql::PyPreparedStatement>()?;
     m.add_class::<sql::PyTable>()?;
+    m.add_class::<text::PyStringTensor>()?;
+    m.add_class::<text::PyArrowExport>()?;
+    m.add_class::<text::PyTextPipeline>()?;
+    m.add_class::<text::PyExactDedup>()?;
+    m.add_function(wrap_pyfunction!(text::_quality_stats, m)?)?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;

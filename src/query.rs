@@ -97,6 +97,9 @@ pub fn register_zrecord_extension(ctx: &SessionContext) -> datafusion::error::Re
     ctx.register_udtf("gather", Arc::new(GatherFunction));
     ctx.register_udtf("zrecord_info", Arc::new(InfoFunction));
     ctx.register_udtf("loader", Arc::new(LoaderFunction));
+    for f in crate::text::udf::text_udfs() {
+        ctx.register_udf(f);
+    }
     Ok(())
 }
 

@@ -1,0 +1,124 @@
+"""Text stages vs luminamoon (PyPI 1.0.6) on the same inputs, in one process.
+
+    python benches/python/text.py [--rows 100000] [--seconds 1.0] [--threads N]
+
+Two corpora: short strings (~17 bytes) and long documents (~2 KB). Every row is a ratio
+zrecord / luminamoon in rows per second (higher is better for zrecord); outputs are checked
+equal where the two define the same result (StringTensor contents, prefix filter, lengths).
+`--threads 1` pins zrecord's pool to one thread (RAYON_NUM_THREADS, set before import);
+luminamoon's string ops are single-threaded Rust or Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--seconds", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=0)
+    return p.parse_args()
+
+
+ARGS = parse()
+if ARGS.threads:
+    os.environ["RAYON_NUM_THREADS"] = str(ARGS.threads)
+
+import pyarrow as pa  # noqa: E402
+
+from zrecord.text import PIIMasker, QualityFilter, StringTensor, TextCleaner, TextPipeline  # noqa: E402
+
+try:
+    import luminamoon.data as lm
+    from luminamoon.data.cleaner import TextCleaner as LmCleaner
+    from luminamoon.data.fused import FusedPipeline as LmFused
+    from luminamoon.data.masker import PIIMasker as LmMasker
+    from luminamoon.data.quality import QualityFilter as LmQuality
+except ImportError:  # the peer is optional: zrecord's figures alone
+    lm = None
+
+WORDS = ["the", "data", "model", "of", "and", "training", "token", "with", "record", "store", "é", "zebra", "42", "x"]
+
+
+def short_corpus(n, rng):
+    return [f"{rng.choice(['pre', 'usr', 'tmp', 'key'])}_{rng.randrange(10**9):09d}{rng.choice(['', 'ab', 'xyz'])}" for _ in range(n)]
+
+
+def long_corpus(n, rng):
+    out = []
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(330))
+        extra = f" mail user{i}@example.org host 10.0.{i % 256}.{i % 200} " if i % 4 == 0 else " "
+        out.append(f"  {words[:1000]}\r\n{extra}{words[1000:]}  ")
+    return out
+
+
+def timeit(fn, seconds):
+    fn()
+    t0 = time.perf_counter()
+    k = 0
+    while True:
+        fn()
+        k += 1
+        if time.perf_counter() - t0 >= seconds:
+            break
+    return (time.perf_counter() - t0) / k
+
+
+def main():
+    rng = random.Random(0)
+    rows = []
+    for name, data in [("short", short_corpus(ARGS.rows, rng)), ("long", long_corpus(max(ARGS.rows // 10, 1000), rng))]:
+        n = len(data)
+        arr = pa.array(data, type=pa.string())
+        zt = StringTensor(data)
+        cases = {
+            "build from list": (lambda: StringTensor(data), (lambda: lm.StringTensor.from_list(data)) if lm else None),
+            "build from arrow": (lambda: StringTensor.from_arrow(arr), (lambda: lm.StringTensor.from_arrow(arr)) if lm else None),
+            "to_arrow": (lambda: zt.to_arrow(), None),
+            "filter_by_prefix": (lambda: zt.filter_by_prefix("pre"), None),
+            "length filter": (lambda: zt.filter_length(10, 20, "bytes"), None),
+            "hash (xxh3)": (lambda: zt.hash(), None),
+            # luminamoon's cleaner trims and normalises newlines: ours with the same two rules,
+            # then ours with every default rule (control characters, NFC) for reference.
+            "clean (trim + newlines)": (lambda: TextCleaner(strip_control=False, nfc=False)(zt), (lambda: LmCleaner().clean_batch(data)) if lm else None),
+            "clean (all rules)": (lambda: TextCleaner()(zt), None),
+            "quality": (lambda: QualityFilter("none", min_words=50, max_symbol_word_ratio=0.1, min_entropy=3.0)(zt), None),
+            "pii": (lambda: PIIMasker()(zt), (lambda: LmMasker(mask_phones=True).mask_batch(data)) if lm else None),
+            "fused clean+quality": (
+                lambda: TextPipeline([TextCleaner(), QualityFilter("none", min_words=50, max_symbol_word_ratio=0.1, min_entropy=3.0)])(zt),
+                (lambda: LmFused(filter_quality=True, min_words=50, min_entropy=3.0, max_symbol_ratio=0.1)(data)) if lm else None,
+            ),
+        }
+        if lm is not None:
+            lt = lm.StringTensor.from_list(data)
+            assert lt.to_list() == zt.to_list(), "StringTensor contents differ"
+            assert lt.filter_by_prefix("pre").to_list() == zt.filter_by_prefix("pre").to_list()
+            cases["to_arrow"] = (cases["to_arrow"][0], lambda: lt.to_arrow())
+            cases["filter_by_prefix"] = (cases["filter_by_prefix"][0], lambda: lt.filter_by_prefix("pre"))
+            cases["length filter"] = (cases["length filter"][0], lambda: lt.filter_by_length(10, 20))
+            cases["hash (xxh3)"] = (cases["hash (xxh3)"][0], lambda: lt.hash_all())
+            q = LmQuality(min_words=50, max_symbol_ratio=0.1, min_entropy=3.0)
+            cases["quality"] = (cases["quality"][0], lambda: q.filter_flags(data))
+        for case, (ours, peer) in cases.items():
+            t_ours = timeit(ours, ARGS.seconds)
+            t_peer = timeit(peer, ARGS.seconds) if peer else None
+            rows.append((name, case, n / t_ours, n / t_peer if t_peer else None))
+    threads = ARGS.threads or os.cpu_count()
+    print(f"\n{ARGS.rows} short / {max(ARGS.rows // 10, 1000)} long rows, zrecord threads: {threads}\n")
+    print("| corpus | stage | zrecord rows/s | luminamoon rows/s | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for name, case, ours, peer in rows:
+        ratio = f"{ours / peer:.1f}x" if peer else "-"
+        print(f"| {name} | {case} | {ours:,.0f} | {f'{peer:,.0f}' if peer else '-'} | {ratio} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,638 @@
+"""Strings as tensors and text stages for pretraining pipelines.
+
+:class:`StringTensor` holds strings in Arrow's ``Utf8View`` layout (16-byte views: length,
+4-byte prefix, inline up to 12 bytes, else buffer + offset). Build it from a list of ``str``,
+NumPy ``StringDType`` / object / ``U`` arrays, any pyarrow or polars string column, offsets +
+bytes (validated), or a gathered ragged ``utf8`` batch; export it to pyarrow (``string_view``
+zero-copy, ``string`` / ``large_string``), polars, NumPy offsets + bytes, and torch / JAX
+through DLPack. Operations run in Rust, in parallel over rows, with the GIL released.
+
+Stages map strings to strings (plus a keep mask) and fuse into one pass per row:
+
+>>> from zrecord.text import StringTensor, TextCleaner, PIIMasker, QualityFilter, TextPipeline
+>>> docs = StringTensor(["  Mail ada@example.org\\r\\n", "v1.2.3.4 is out"])
+>>> text, keep = TextPipeline([TextCleaner(), PIIMasker()])(docs)
+>>> text.to_list()
+['Mail <EMAIL>', 'v1.2.3.4 is out']
+
+The same stages are SQL functions: ``text_clean(col)``, ``text_quality(col, 'gopher')``,
+``pii_mask(col)``, ``text_hash(col)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+
+from . import _zrecord as _z
+
+__all__ = [
+    "StringTensor",
+    "TextCleaner",
+    "QualityFilter",
+    "PIIMasker",
+    "ExactDedup",
+    "TextPipeline",
+    "ResumablePipeline",
+    "TextBatch",
+    "make_collate",
+    "quality_stats",
+]
+
+
+def _np():
+    import numpy as np
+
+    return np
+
+
+class StringTensor:
+    """A batch of UTF-8 strings (nulls allowed) in Arrow's ``Utf8View`` layout.
+
+    ``StringTensor(x)`` accepts a list / tuple / iterable of ``str`` or ``None``, a NumPy
+    string array (``StringDType``, object or ``U``), any Arrow string array or chunked array
+    (pyarrow, polars, arro3: ``Utf8``, ``LargeUtf8``, ``Utf8View``, dictionaries of them), or a
+    ragged ``utf8`` :class:`~zrecord.RaggedBatch`.
+    """
+
+    __slots__ = ("_t", "copied")
+
+    def __init__(self, data: Any = (), *, _native: Any = None):
+        if _native is not None:
+            self._t = _native
+            self.copied = False
+            return
+        t, copied = _build(data)
+        self._t = t
+        self.copied = copied
+
+    @classmethod
+    def _wrap(cls, native: Any) -> "StringTensor":
+        return cls(_native=native)
+
+    # ---- constructors -----------------------------------------------------------------
+    @classmethod
+    def from_arrow(cls, obj: Any) -> "StringTensor":
+        """From an Arrow string array / chunked array (no string bytes copied for ``Utf8``,
+        ``LargeUtf8`` and ``Utf8View``); ``.copied`` says whether bytes were copied."""
+        t, copied = _z._StringTensor.from_arrow(obj)
+        out = cls._wrap(t)
+        out.copied = copied
+        return out
+
+    @classmethod
+    def from_offsets(cls, offsets: Any, data: Any, validity: Any = None) -> "StringTensor":
+        """From ``offsets`` (int32 / int64 / uint32, n + 1 entries) into UTF-8 ``data``
+        (uint8), with an optional validity mask. Offsets must be non-decreasing and within the
+        data, and every string valid UTF-8 (``ValueError`` naming the first bad position)."""
+        out = cls._wrap(_z._StringTensor.from_offsets(offsets, data, validity))
+        out.copied = True
+        return out
+
+    @classmethod
+    def from_numpy(cls, arr: Any) -> "StringTensor":
+        """From a 1-D NumPy array of strings (``StringDType``, object with ``str`` / ``None``,
+        or fixed-width ``U``)."""
+        np = _np()
+        arr = np.asarray(arr)
+        if arr.ndim != 1:
+            raise ValueError(f"a string array must be 1-D, got shape {arr.shape}")
+        if arr.dtype.kind not in "OUT":
+            raise TypeError(f"a string array must hold strings, got dtype {arr.dtype}")
+        na = getattr(arr.dtype, "na_object", None)
+        items = arr.tolist()
+        if na is not None:
+            items = [None if (x is na or (isinstance(x, float) and x != x)) else x for x in items]
+        return cls._wrap(_z._StringTensor.from_list(items))
+
+    @classmethod
+    def from_batch(cls, batch: Any) -> "StringTensor":
+        """From a gathered ragged ``utf8`` batch (shares its memory)."""
+        return cls._wrap(_z._StringTensor.from_batch(batch))
+
+    @classmethod
+    def concat(cls, parts: Sequence["StringTensor"]) -> "StringTensor":
+        return cls._wrap(_z._StringTensor.concat([p._t for p in parts]))
+
+    # ---- basics -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def __getitem__(self, i: int) -> str | None:
+        return self._t[i]
+
+    def __iter__(self):
+        return iter(self._t.to_list())
+
+    def __repr__(self) -> str:
+        return repr(self._t)
+
+    def __eq__(self, other: Any):  # elementwise, like NumPy
+        return self.eq(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def null_count(self) -> int:
+        return self._t.null_count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of string data the rows address."""
+        return self._t.nbytes
+
+    def to_list(self) -> list[str | None]:
+        return self._t.to_list()
+
+    # ---- exports --------------------------------------------------------------------------
+    def __arrow_c_array__(self, requested_schema: Any = None):
+        return self._t.__arrow_c_array__(requested_schema)
+
+    def to_arrow(self, type: str = "string_view"):
+        """A pyarrow array: ``string_view`` (zero-copy), ``string`` or ``large_string``."""
+        import pyarrow as pa
+
+        return pa.array(self._t._export(type))
+
+    def to_polars(self):
+        """A polars ``String`` Series (polars reads the views without copying the bytes)."""
+        import polars as pl
+
+        return pl.Series(self.to_arrow("string_view"))
+
+    def to_numpy(self, offsets: str = "int64"):
+        """``(offsets, data)`` NumPy arrays of the exchange layout (one copy of the bytes);
+        nulls are reported by :meth:`validity`."""
+        np = _np()
+        o, d = self._t.to_buffers(offsets)
+        return np.from_dlpack(o), np.from_dlpack(d)
+
+    def to_dlpack(self, offsets: str = "int64"):
+        """``(offsets, data)`` DLPack producers for ``torch.from_dlpack`` / ``jax.dlpack``."""
+        return self._t.to_buffers(offsets)
+
+    def validity(self):
+        """NumPy bool array, True where the row is not null."""
+        return _np().from_dlpack(self._t.validity())
+
+    # ---- operations -------------------------------------------------------------------------
+    def starts_with(self, prefix: str):
+        """Bool mask of rows starting with ``prefix`` (nulls False)."""
+        return _np().from_dlpack(self._t.starts_with(prefix))
+
+    def filter_by_prefix(self, prefix: str) -> "StringTensor":
+        return StringTensor._wrap(self._t.filter_by_prefix(prefix))
+
+    def eq(self, other: "str | StringTensor"):
+        """Bool mask: equal to a ``str`` (broadcast) or elementwise to another tensor."""
+        o = other._t if isinstance(other, StringTensor) else other
+        return _np().from_dlpack(self._t.eq(o))
+
+    def lengths(self, unit: str = "chars"):
+        """uint32 lengths in ``chars`` (``len(str)``) or ``bytes``."""
+        return _np().from_dlpack(self._t.lengths(unit))
+
+    def length_between(self, min: int = 0, max: int | None = None, unit: str = "chars"):
+        """Bool mask of rows with ``min <= length <= max``."""
+        return _np().from_dlpack(self._t.length_between(min, 2**63 - 1 if max is None else max, unit))
+
+    def filter_length(self, min: int = 0, max: int | None = None, unit: str = "chars") -> "StringTensor":
+        return self.filter(self.length_between(min, max, unit))
+
+    def hash(self, seed: int = 0):
+        """uint64 XXH3-64 of each row's UTF-8 bytes (``xxhash.xxh3_64_intdigest``)."""
+        return _np().from_dlpack(self._t.hash(seed))
+
+    def take(self, ids: Any) -> "StringTensor":
+        """Rows at ``ids`` (order and repeats kept; ``IndexError`` when out of range)."""
+        if not isinstance(ids, list):
+            ids = _np().ascontiguousarray(ids)
+        return StringTensor._wrap(self._t.take(ids))
+
+    def filter(self, mask: Any) -> "StringTensor":
+        """Rows where ``mask`` is true."""
+        if not isinstance(mask, list):
+            mask = _np().ascontiguousarray(mask, dtype=bool)
+        return StringTensor._wrap(self._t.filter(mask))
+
+    def compact(self) -> "StringTensor":
+        """Copy the live strings into fresh buffers (after filters on a large tensor)."""
+        return StringTensor._wrap(self._t.compact())
+
+
+def _build(data: Any):
+    if isinstance(data, StringTensor):
+        return data._t, False
+    if isinstance(data, _z._StringTensor):
+        return data, False
+    if isinstance(data, _z.RaggedBatch):
+        return _z._StringTensor.from_batch(data), False
+    if hasattr(data, "__arrow_c_array__") or hasattr(data, "__arrow_c_stream__"):
+        return _z._StringTensor.from_arrow(data)
+    if type(data).__module__ == "numpy":
+        t = StringTensor.from_numpy(data)
+        return t._t, True
+    if isinstance(data, (str, bytes)):
+        raise TypeError("StringTensor takes a sequence of strings, not a single string")
+    return _z._StringTensor.from_list(data), True
+
+
+def _as_tensor(strings: Any) -> StringTensor:
+    return strings if isinstance(strings, StringTensor) else StringTensor(strings)
+
+
+class _Stage:
+    """A stage is callable on a StringTensor (or anything StringTensor accepts) and returns
+    ``(text, keep)``; on a single ``str`` it returns the new ``str`` (or ``None`` if dropped)."""
+
+    _spec: tuple
+
+    def _pipeline(self):
+        p = getattr(self, "_native", None)
+        if p is None:
+            p = _z._TextPipeline([self._spec])
+            self._native = p
+        return p
+
+    def __call__(self, strings: Any):
+        if isinstance(strings, str):
+            text, keep = self._pipeline().run_one(strings)
+            return text if keep else None
+        text, keep = self._pipeline().run(_as_tensor(strings)._t)
+        return StringTensor._wrap(text), _np().from_dlpack(keep)
+
+    def arrow(self, array: Any):
+        """Arrow string array -> (pyarrow ``string_view`` array, NumPy keep mask)."""
+        text, keep = self(StringTensor.from_arrow(array))
+        return text.to_arrow(), keep
+
+
+class TextCleaner(_Stage):
+    """Newline normalisation, control / invisible characters removed, optional whitespace
+    collapse, NFC, trim (see the Rust ``Cleaner`` for the exact rules)."""
+
+    def __init__(self, *, normalize_newlines: bool = True, strip_control: bool = True, collapse_whitespace: bool = False, nfc: bool = True, trim: bool = True):
+        self.options = dict(normalize_newlines=normalize_newlines, strip_control=strip_control, collapse_whitespace=collapse_whitespace, nfc=nfc, trim=trim)
+        self._spec = ("clean", dict(self.options))
+        self._native = None
+
+
+class QualityFilter(_Stage):
+    """Keeps documents passing every rule of a preset (``"gopher"``, the default, or
+    ``"none"``) with thresholds overridden by keyword (``min_words=20``,
+    ``max_top_ngram_frac_2=None`` turns a rule off). Rule names: ``min_chars``, ``max_chars``,
+    ``min_words``, ``max_words``, ``min_mean_word_len``, ``max_mean_word_len``,
+    ``max_symbol_word_ratio``, ``max_digit_frac``, ``min_alpha_word_frac``, ``min_entropy``,
+    ``max_dup_line_frac``, ``max_dup_line_char_frac``, ``max_bullet_line_frac``,
+    ``max_ellipsis_line_frac``, ``max_top_ngram_frac_{2,3,4}``, ``max_dup_ngram_frac_{5..10}``,
+    ``min_stop_words``."""
+
+    def __init__(self, preset: str = "gopher", **rules: float | None):
+        self.preset = preset
+        self.rules = rules
+        self._spec = ("quality", preset, dict(rules))
+        self._native = None
+        self._pipeline()  # validate now
+
+    def keep(self, strings: Any):
+        """Bool mask of documents kept."""
+        return self(strings)[1]
+
+    @staticmethod
+    def stats(strings: Any) -> dict:
+        return quality_stats(strings)
+
+
+class PIIMasker(_Stage):
+    """Masks validated personal data: ``email``, ``api_key``, ``credit_card`` (issuer prefix +
+    Luhn), ``ssn``, ``ipv4`` (not version strings), ``ipv6``, ``phone``. ``placeholders``
+    overrides ``<EMAIL>``, ``<API_KEY>``, ``<CREDIT_CARD>``, ``<SSN>``, ``<IP_ADDRESS>``
+    (key ``ip`` sets both address kinds), ``<PHONE>``."""
+
+    def __init__(self, kinds: Iterable[str] | None = None, placeholders: dict[str, str] | None = None):
+        self.kinds = None if kinds is None else list(kinds)
+        self.placeholders = placeholders
+        self._spec = ("pii", self.kinds, None if placeholders is None else dict(placeholders))
+        self._native = None
+        self._pipeline()
+
+    def find(self, text: str) -> list[tuple[str, int, int]]:
+        """``(kind, start, end)`` of every validated span (Python string indices)."""
+        return self._pipeline().pii_find(text)
+
+
+class ExactDedup(_Stage):
+    """Keeps the first occurrence of every text (XXH3-64 of its UTF-8 bytes), checked in row
+    order. In memory (``path=None``; more than ``max_memory`` bytes of hashes is a
+    ``MemoryError``) or persistent in the folder ``path`` (hashes past ``max_memory`` spill to
+    sorted runs there; :meth:`commit` makes the inserts so far durable, and a reopened folder
+    is at its last commit)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, max_memory: int = 1 << 30, committed: int | None = None):
+        self.path = None if path is None else os.fspath(path)
+        self._d = _z._ExactDedup(self.path, max_memory, committed)
+        self._spec = ("dedup", self._d)
+        self._native = None
+
+    def check(self, strings: Any):
+        """Bool mask: True where the text is new (it is recorded)."""
+        return _np().from_dlpack(self._d.check(_as_tensor(strings)._t))
+
+    def commit(self) -> int:
+        return self._d.commit()
+
+    def commit_upto(self, count: int) -> int:
+        return self._d.commit_upto(count)
+
+    @property
+    def committed(self) -> int:
+        return self._d.committed
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class TextPipeline(_Stage):
+    """Stages fused into one pass per row: a row a filter drops skips later stages; a row no
+    stage changes keeps its input bytes."""
+
+    def __init__(self, stages: Sequence[_Stage]):
+        self.stages = list(stages)
+        for s in self.stages:
+            if not isinstance(s, _Stage) or isinstance(s, TextPipeline):
+                raise TypeError(f"a pipeline stage must be TextCleaner, QualityFilter, PIIMasker or ExactDedup, got {type(s).__name__}")
+        self._native = _z._TextPipeline([s._spec for s in self.stages])
+
+    def _pipeline(self):
+        return self._native
+
+
+def quality_stats(strings: Any) -> dict:
+    """Every quality statistic of every string: ``{name: NumPy array}`` (see
+    :class:`QualityFilter` for the definitions)."""
+    np = _np()
+    d = _z._quality_stats(_as_tensor(strings)._t)
+    return {k: np.from_dlpack(v) for k, v in d.items()}
+
+
+# ---- exactly-once resumable pipeline ------------------------------------------------------------
+
+class TextBatch(NamedTuple):
+    """One delivered batch: the kept texts, their positions in the source, and the source
+    range ``[start, end)`` the batch covers (dropped rows included)."""
+
+    text: StringTensor
+    positions: Any
+    start: int
+    end: int
+
+
+class _SeqSource:
+    """Anything indexable by position: a list, a StringTensor, a pyarrow array / chunked array,
+    a zrecord utf8 view. The position is the next row index."""
+
+    def __init__(self, seq):
+        self.seq = seq
+        self.n = len(seq)
+        self.pos = 0
+
+    def seek(self, position):
+        self.pos = 0 if position is None else int(position)
+
+    def read(self, n):
+        start, end = self.pos, min(self.pos + n, self.n)
+        if end <= start:
+            return None, start, start
+        s = self.seq
+        if isinstance(s, StringTensor):
+            text = s.take(list(range(start, end)))
+        elif hasattr(s, "slice") and (hasattr(s, "__arrow_c_array__") or hasattr(s, "__arrow_c_stream__")):
+            text = StringTensor(s.slice(start, end - start))
+        elif hasattr(s, "to_arrow") and hasattr(s, "logical"):
+            text = StringTensor(s[list(range(start, end))])
+        else:
+            text = StringTensor(list(s[start:end]))
+        self.pos = end
+        return text, start, end
+
+
+class _IterSource:
+    """A Python iterable with ``state_dict`` / ``load_state_dict`` (a loader, a streaming
+    dataset): the position is its state after the last row read, plus the row count."""
+
+    def __init__(self, it, field):
+        self.it = it
+        self.field = field
+        self.rows = 0
+        self._iter = None
+
+    def seek(self, position):
+        if position is not None:
+            self.it.load_state_dict(position["state"])
+            self.rows = int(position["rows"])
+        self._iter = iter(self.it)
+
+    def read(self, n):
+        rows = []
+        for _ in range(n):
+            try:
+                x = next(self._iter)
+            except StopIteration:
+                break
+            rows.append(x if self.field is None else x[self.field])
+        start = self.rows
+        if not rows:
+            return None, start, {"state": self.it.state_dict(), "rows": start}
+        self.rows += len(rows)
+        return StringTensor(rows), start, {"state": self.it.state_dict(), "rows": self.rows}
+
+
+def _atomic_write(path, data: bytes):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class ResumablePipeline:
+    """Text stages over a source with a position, with background prefetch, exactly once.
+
+    ``source``: a list / sequence of ``str``, a :class:`StringTensor`, a pyarrow (chunked)
+    string array, a zrecord ``utf8`` view, or an iterable with ``state_dict`` /
+    ``load_state_dict`` (``field`` picks a key of its items). ``stages`` are run fused on every
+    batch in a background thread, ``prefetch`` batches ahead. ``dedup=True`` adds an
+    :class:`ExactDedup` after the stages, persisted in ``state_dir``.
+
+    :meth:`commit` persists, in one atomic step, the position after the last batch delivered,
+    the dedup set up to that batch (a log plus the count committed) and the consumer's
+    ``user_state`` (anything JSON can hold, e.g. the length of an output file). After a crash
+    at any instant, a pipeline opened on the same ``state_dir`` resumes at the last commit: the
+    batches after it are produced again and none before it, and dedup decisions are replayed
+    identically. So a consumer whose own output is tied to commits (``user_state``) sees every
+    record exactly once.
+    """
+
+    STATE = "pipeline.json"
+
+    def __init__(self, source: Any, stages: Sequence[_Stage] = (), *, state_dir: str | os.PathLike, batch_size: int = 1024, prefetch: int = 2,
+                 dedup: bool = False, max_memory: int = 1 << 30, field: str | None = None):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.state_dir = os.fspath(state_dir)
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.batch_size = batch_size
+        self.prefetch = prefetch
+        self._state_path = os.path.join(self.state_dir, self.STATE)
+        st = {}
+        if os.path.exists(self._state_path):
+            with open(self._state_path, "rb") as f:
+                st = json.loads(f.read().decode())
+        self.user_state = st.get("user")
+        self._committed_position = st.get("position")
+        self._commits = st.get("commits", 0)
+        self._dedup = ExactDedup(os.path.join(self.state_dir, "dedup"), max_memory=max_memory, committed=st.get("dedup", 0)) if dedup else None
+        stage_list = list(stages) + ([self._dedup] if self._dedup is not None else [])
+        self._pipe = TextPipeline(stage_list) if stage_list else None
+        if hasattr(source, "state_dict") and hasattr(source, "load_state_dict") and not hasattr(source, "__getitem__"):
+            self._src = _IterSource(source, field)
+        else:
+            self._src = _SeqSource(source)
+        self._src.seek(self._committed_position)
+        self._delivered = None  # (position, dedup count) of the last batch handed out
+        self._queue: queue.Queue = queue.Queue(maxsize=max(prefetch, 1))
+        self._stop = threading.Event()
+        self._thread = None
+        self._error = None
+
+    # ---- production ----
+    def _produce_one(self):
+        text, start, new_pos = self._src.read(self.batch_size)
+        if text is None:
+            return None
+        if self._pipe is not None:
+            out, keep = self._pipe(text)
+        else:
+            out, keep = text, text.validity()
+        batch = TextBatch(out.filter(keep), _np().flatnonzero(keep) + start, start, start + len(text))
+        dedup_count = len(self._dedup) if self._dedup is not None else 0
+        return batch, new_pos, dedup_count
+
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                item = self._produce_one()
+                if item is None:
+                    break
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # delivered to the consumer, sticky
+            self._error = e
+        finally:
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(None, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+
+    def __iter__(self) -> Iterator[TextBatch]:
+        if self.prefetch == 0:
+            while True:
+                item = self._produce_one()
+                if item is None:
+                    return
+                batch, pos, count = item
+                self._delivered = (pos, count)
+                yield batch
+        if self._error is not None:
+            raise self._error
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="zrecord-text-prefetch", daemon=True)
+            self._thread.start()
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._thread.is_alive():
+                    continue
+                item = None
+            if item is None:
+                if self._error is not None:
+                    raise self._error
+                return
+            batch, pos, count = item
+            self._delivered = (pos, count)
+            yield batch
+
+    # ---- commit ----
+    def commit(self, user_state: Any = None) -> None:
+        """Persist the position after the last delivered batch, the dedup state up to it and
+        ``user_state``, atomically (log append + fsync, then temp + fsync + rename)."""
+        if self._delivered is None:
+            pos, count = self._committed_position, (self._dedup.committed if self._dedup is not None else 0)
+        else:
+            pos, count = self._delivered
+        if self._dedup is not None:
+            self._dedup.commit_upto(count)
+        self._commits += 1
+        st = {"position": pos, "dedup": count, "user": user_state, "commits": self._commits}
+        _atomic_write(self._state_path, json.dumps(st).encode())
+        self._committed_position = pos
+        self.user_state = user_state
+
+    @property
+    def position(self):
+        """The committed position (where a restart resumes)."""
+        return self._committed_position
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", drop: bool = True):
+    """A ``collate_fn`` for ``torch.utils.data.DataLoader``: takes a list of samples (``str``
+    or dicts with ``field``), runs the stages fused on the batch and returns a
+    :class:`StringTensor` of the kept texts (``drop=False``: every row, with ``keep``)."""
+    pipe = TextPipeline(list(stages)) if stages else None
+
+    def collate(samples):
+        rows = [s if isinstance(s, str) or s is None or field is None else s[field] for s in samples]
+        t = StringTensor(rows)
+        if pipe is None:
+            return t
+        out, keep = pipe(t)
+        return out.filter(keep) if drop else (out, keep)
+
+    return collate

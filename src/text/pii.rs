@@ -1,0 +1,284 @@
+//! [`PiiMasker`]: personal data found by pattern *and* validated before it is masked.
+
+use std::net::Ipv6Addr;
+use std::ops::Range;
+use std::str::FromStr;
+
+use regex::{Regex, RegexSet};
+
+use crate::error::{Error, Result};
+
+/// What a masked span was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PiiKind {
+    /// Provider API keys and tokens (Stripe, OpenAI, Anthropic, GitHub, GitLab, Slack, AWS,
+    /// Google, Hugging Face, npm).
+    ApiKey,
+    /// E-mail addresses (a dotted domain with an alphabetic TLD).
+    Email,
+    /// Payment card numbers: 13-19 digits with a known issuer prefix and a valid Luhn checksum.
+    CreditCard,
+    /// US social security numbers `AAA-GG-SSSS` (not area 000 / 666 / 9xx, group 00, serial 0000).
+    Ssn,
+    /// IPv6 addresses that parse as such.
+    Ipv6,
+    /// IPv4 addresses (octets <= 255, no leading zeros), not version strings.
+    Ipv4,
+    /// Phone numbers written as phone numbers: `+` country code, or NANP `(AAA) EEE-NNNN` /
+    /// `AAA-EEE-NNNN` with valid area and exchange codes.
+    Phone,
+}
+
+impl PiiKind {
+    /// Every kind, in masking priority order.
+    pub const ALL: [PiiKind; 7] = [PiiKind::ApiKey, PiiKind::Email, PiiKind::CreditCard, PiiKind::Ssn, PiiKind::Ipv6, PiiKind::Ipv4, PiiKind::Phone];
+
+    /// `api_key`, `email`, `credit_card`, `ssn`, `ipv6`, `ipv4`, `phone`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PiiKind::ApiKey => "api_key",
+            PiiKind::Email => "email",
+            PiiKind::CreditCard => "credit_card",
+            PiiKind::Ssn => "ssn",
+            PiiKind::Ipv6 => "ipv6",
+            PiiKind::Ipv4 => "ipv4",
+            PiiKind::Phone => "phone",
+        }
+    }
+
+    /// Parse a kind name (`ip` means both address kinds' placeholder is set by the caller).
+    pub fn parse(name: &str) -> Result<PiiKind> {
+        PiiKind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| Error::invalid("pii kind", format!("unknown kind '{name}' (api_key, email, credit_card, ssn, ipv6, ipv4, phone)")))
+    }
+
+    /// The default placeholder.
+    pub fn placeholder(self) -> &'static str {
+        match self {
+            PiiKind::ApiKey => "<API_KEY>",
+            PiiKind::Email => "<EMAIL>",
+            PiiKind::CreditCard => "<CREDIT_CARD>",
+            PiiKind::Ssn => "<SSN>",
+            PiiKind::Ipv6 | PiiKind::Ipv4 => "<IP_ADDRESS>",
+            PiiKind::Phone => "<PHONE>",
+        }
+    }
+}
+
+const PATTERNS: [(PiiKind, &str); 7] = [
+    (
+        PiiKind::ApiKey,
+        r"\b(?:(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}|sk-(?:proj-|ant-(?:api\d\d-)?)?[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255}|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36})",
+    ),
+    (PiiKind::Email, r"(?i)\b[a-z0-9][a-z0-9._%+-]{0,63}@[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.[a-z]{2,24}\b"),
+    (PiiKind::CreditCard, r"\b\d(?:[ -]?\d){12,18}\b"),
+    (PiiKind::Ssn, r"\b\d{3}-\d{2}-\d{4}\b"),
+    (PiiKind::Ipv6, r"(?i)[0-9a-f:]*:[0-9a-f]*:[0-9a-f:.]*"),
+    (PiiKind::Ipv4, r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b"),
+    (PiiKind::Phone, r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}|(?:\b1[ .-]?)?(?:\(\d{3}\)[ .-]?|\b\d{3}[ .-])\d{3}[ .-]\d{4}\b"),
+];
+
+/// Words that make a following dotted quad a version number, not an address.
+const VERSION_WORDS: [&str; 12] = ["version", "ver", "v", "release", "build", "rev", "revision", "firmware", "kernel", "python", "release:", "tag"];
+
+/// Finds personal data, validates each candidate, and replaces it with a placeholder.
+///
+/// Validation, not bare patterns: card numbers need an issuer prefix and the Luhn checksum,
+/// SSNs the issuable ranges, IPv4 octets <= 255 without leading zeros and not a version string
+/// (`v1.2.3.4`, `version 1.2.3.4`, or four parts of a longer dotted number), IPv6 a full
+/// parse, phones a country code or valid NANP area / exchange codes, API keys a digit in the
+/// token. Overlapping candidates: the leftmost wins, then the longest.
+#[derive(Clone, Debug)]
+pub struct PiiMasker {
+    set: RegexSet,
+    regexes: Vec<(PiiKind, Regex)>,
+    placeholders: [String; 7],
+    enabled: [bool; 7],
+}
+
+impl Default for PiiMasker {
+    fn default() -> PiiMasker {
+        PiiMasker::new(&PiiKind::ALL, &[]).unwrap_or_else(|e| unreachable!("built-in patterns compile: {e}"))
+    }
+}
+
+fn index(kind: PiiKind) -> usize {
+    PiiKind::ALL.iter().position(|&k| k == kind).unwrap_or(0)
+}
+
+impl PiiMasker {
+    /// A masker for `kinds` with placeholders overriding the defaults.
+    pub fn new(kinds: &[PiiKind], placeholders: &[(PiiKind, String)]) -> Result<PiiMasker> {
+        let set = RegexSet::new(PATTERNS.iter().map(|p| p.1)).map_err(|e| Error::invalid("pii pattern", e.to_string()))?;
+        let regexes = PATTERNS.iter().map(|&(k, p)| Regex::new(p).map(|r| (k, r)).map_err(|e| Error::invalid("pii pattern", e.to_string()))).collect::<Result<Vec<_>>>()?;
+        let mut ph: [String; 7] = PiiKind::ALL.map(|k| k.placeholder().to_string());
+        for (k, p) in placeholders {
+            ph[index(*k)] = p.clone();
+        }
+        let mut enabled = [false; 7];
+        for k in kinds {
+            enabled[index(*k)] = true;
+        }
+        Ok(PiiMasker { set, regexes, placeholders: ph, enabled })
+    }
+
+    /// The validated spans (byte ranges) of personal data in `text`, in order, not overlapping.
+    pub fn find(&self, text: &str) -> Vec<(PiiKind, Range<usize>)> {
+        // Every kind needs a digit or an `@`: most text is rejected by one byte scan.
+        if !text.bytes().any(|b| b.is_ascii_digit() || b == b'@') {
+            return Vec::new();
+        }
+        let hits = self.set.matches(text);
+        let mut spans = Vec::new();
+        for (i, (kind, re)) in self.regexes.iter().enumerate() {
+            if !self.enabled[i] || !hits.matched(i) {
+                continue;
+            }
+            for m in re.find_iter(text) {
+                if let Some(r) = validate(*kind, text, m.range()) {
+                    spans.push((*kind, r));
+                }
+            }
+        }
+        spans.sort_by_key(|(k, r)| (r.start, std::cmp::Reverse(r.end), *k));
+        let mut out: Vec<(PiiKind, Range<usize>)> = Vec::with_capacity(spans.len());
+        for (k, r) in spans {
+            if out.last().is_none_or(|(_, last)| r.start >= last.end) {
+                out.push((k, r));
+            }
+        }
+        out
+    }
+
+    /// Mask `text` into `out` (cleared first); false when nothing was found.
+    pub fn mask_into(&self, text: &str, out: &mut String) -> bool {
+        out.clear();
+        let spans = self.find(text);
+        if spans.is_empty() {
+            return false;
+        }
+        let mut at = 0;
+        for (k, r) in spans {
+            out.push_str(&text[at..r.start]);
+            out.push_str(&self.placeholders[index(k)]);
+            at = r.end;
+        }
+        out.push_str(&text[at..]);
+        true
+    }
+
+    /// Mask one string.
+    pub fn mask(&self, text: &str) -> String {
+        let mut out = String::new();
+        if self.mask_into(text, &mut out) {
+            out
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+/// The span to mask for a candidate, or `None` when validation rejects it.
+fn validate(kind: PiiKind, text: &str, r: Range<usize>) -> Option<Range<usize>> {
+    let s = &text[r.clone()];
+    match kind {
+        PiiKind::ApiKey => (s.bytes().any(|b| b.is_ascii_digit()) || s.starts_with("AKIA") || s.starts_with("ASIA")).then_some(r),
+        PiiKind::Email => {
+            let (local, domain) = s.split_once('@')?;
+            let ok = !local.starts_with('.') && !local.ends_with('.') && !local.contains("..") && s.len() <= 254 && domain.contains('.');
+            ok.then_some(r)
+        }
+        PiiKind::CreditCard => {
+            let digits: Vec<u8> = s.bytes().filter(u8::is_ascii_digit).map(|b| b - b'0').collect();
+            // Separators must be regular: none, or one kind only.
+            let seps: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_digit()).collect();
+            let regular = seps.windows(2).all(|w| w[0] == w[1]);
+            (regular && (13..=19).contains(&digits.len()) && issuer_prefix(&digits) && luhn(&digits)).then_some(r)
+        }
+        PiiKind::Ssn => {
+            let d: Vec<u32> = s.split('-').map(|p| p.parse().unwrap_or(0)).collect();
+            let (area, group, serial) = (d[0], d[1], d[2]);
+            (area != 0 && area != 666 && area < 900 && group != 0 && serial != 0).then_some(r)
+        }
+        PiiKind::Ipv4 => {
+            let before = text[..r.start].chars().next_back();
+            let after = text[r.end..].chars().next();
+            let after2 = text[r.end..].chars().nth(1);
+            // Part of a longer dotted number (1.2.3.4.5) or of a word.
+            if before == Some('.') || (after == Some('.') && after2.is_some_and(|c| c.is_ascii_digit())) || before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                return None;
+            }
+            let octets_ok = s.split('.').all(|o| o.len() == 1 || (!o.starts_with('0') && o.parse::<u32>().is_ok_and(|v| v <= 255)));
+            if !octets_ok {
+                return None;
+            }
+            let head = text[..r.start].trim_end_matches([' ', ':', '=', '\t']);
+            let word = head.rsplit(|c: char| !c.is_alphanumeric()).next().unwrap_or("").to_ascii_lowercase();
+            (!VERSION_WORDS.contains(&word.as_str())).then_some(r)
+        }
+        PiiKind::Ipv6 => {
+            let before = text[..r.start].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                return None;
+            }
+            // A sentence may end in `:` or `.` right after an address.
+            let mut cand = r.clone();
+            for _ in 0..2 {
+                let t = &text[cand.clone()];
+                let after = text[cand.end..].chars().next();
+                if t.matches(':').count() >= 2 && Ipv6Addr::from_str(t).is_ok() && !after.is_some_and(|c| c.is_alphanumeric() || c == '_') && t.bytes().any(|b| b.is_ascii_hexdigit()) {
+                    return Some(cand);
+                }
+                if t.ends_with(':') || t.ends_with('.') {
+                    cand.end -= 1;
+                } else {
+                    break;
+                }
+            }
+            None
+        }
+        PiiKind::Phone => {
+            let digits: Vec<u8> = s.bytes().filter(u8::is_ascii_digit).map(|b| b - b'0').collect();
+            if s.starts_with('+') {
+                return (8..=15).contains(&digits.len()).then_some(r);
+            }
+            // NANP: optional leading 1, then area and exchange codes starting 2-9.
+            let d = if digits.len() == 11 && digits[0] == 1 { &digits[1..] } else { &digits[..] };
+            (d.len() == 10 && d[0] >= 2 && d[3] >= 2 && !(d[1] == 1 && d[2] == 1)).then_some(r)
+        }
+    }
+}
+
+fn issuer_prefix(d: &[u8]) -> bool {
+    let p = |n: usize| d[..n].iter().fold(0u32, |a, &x| a * 10 + x as u32);
+    match d[0] {
+        4 => true,
+        5 => (51..=55).contains(&p(2)),
+        2 => (2221..=2720).contains(&p(4)),
+        3 => matches!(p(2), 34 | 37 | 36 | 38 | 30) || (3528..=3589).contains(&p(4)),
+        6 => p(4) == 6011 || p(2) == 65 || (644..=649).contains(&p(3)) || p(2) == 62,
+        _ => false,
+    }
+}
+
+/// The Luhn checksum holds.
+pub(crate) fn luhn(digits: &[u8]) -> bool {
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            let d = d as u32;
+            if i % 2 == 1 {
+                let x = d * 2;
+                if x > 9 {
+                    x - 9
+                } else {
+                    x
+                }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum % 10 == 0
+}

@@ -1,0 +1,410 @@
+"""zrecord.text: StringTensor constructors / exports against pyarrow, polars and NumPy; operations
+against plain Python; every stage against an independent Python implementation of its rules."""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+import unicodedata
+
+import numpy as np
+import pyarrow as pa
+import polars as pl
+import pytest
+
+import zrecord
+from zrecord.text import PIIMasker, QualityFilter, StringTensor, TextCleaner, TextPipeline, quality_stats
+
+
+def corpus(n=5000, seed=0):
+    rng = random.Random(seed)
+    alphabet = "abcdefghij XYZ 0123 é ü 漢字 🙂 \t\n"
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.1:
+            out.append(None)
+        elif r < 0.15:
+            out.append("")
+        else:
+            k = rng.choice([1, 3, 12, 13, 40, 200])
+            out.append("".join(rng.choice(alphabet) for _ in range(k)))
+    return out
+
+
+# ---- constructors and exports ---------------------------------------------------------------
+
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string(), pa.string_view()])
+def test_from_arrow_every_string_type_keeps_values_and_nulls(typ):
+    data = corpus()
+    arr = pa.array(data, type=typ)
+    t = StringTensor.from_arrow(arr)
+    assert not t.copied
+    assert len(t) == len(data)
+    assert t.to_list() == data
+    assert t.null_count == sum(x is None for x in data)
+    # Never the text 'None' for a null.
+    assert all(t[i] is None for i, x in enumerate(data) if x is None)
+    # Chunked arrays and polars series.
+    ch = pa.chunked_array([arr.slice(0, 100), arr.slice(100)])
+    assert StringTensor(ch).to_list() == data
+    assert StringTensor(pl.Series(data, dtype=pl.String)).to_list() == data
+
+
+def test_from_arrow_dictionary_and_bad_types():
+    d = pa.array(["a", "b", "a", None]).dictionary_encode()
+    t = StringTensor(d)
+    assert t.copied
+    assert t.to_list() == ["a", "b", "a", None]
+    with pytest.raises(ValueError, match="not a string array"):
+        StringTensor(pa.array([1, 2]))
+    with pytest.raises(TypeError):
+        StringTensor(["ok", 3])
+    with pytest.raises(TypeError):
+        StringTensor("a string is not a sequence of strings")
+
+
+def test_from_numpy_object_unicode_and_stringdtype():
+    data = ["x", "longer than twelve bytes", "", "é"]
+    assert StringTensor(np.array(data, dtype=object)).to_list() == data
+    assert StringTensor(np.array(data)).to_list() == data  # '<U' fixed width
+    assert StringTensor(np.array(data + [None], dtype=object)).to_list() == data + [None]
+    if hasattr(np.dtypes, "StringDType"):
+        sd = np.array(data + [None], dtype=np.dtypes.StringDType(na_object=None))
+        assert StringTensor(sd).to_list() == data + [None]
+    with pytest.raises(TypeError):
+        StringTensor.from_numpy(np.arange(3))
+
+
+@pytest.mark.parametrize("otype", ["int32", "int64", "uint32"])
+def test_offsets_round_trip_and_validation(otype):
+    data = [x if x is not None else "" for x in corpus(500)]
+    t = StringTensor(data)
+    offs, payload = t.to_numpy(otype)
+    assert offs.dtype == np.dtype(otype) and payload.dtype == np.uint8
+    enc = [s.encode() for s in data]
+    assert offs.tolist() == [0] + list(np.cumsum([len(b) for b in enc]))
+    assert payload.tobytes() == b"".join(enc)
+    back = StringTensor.from_offsets(offs, payload)
+    assert back.to_list() == data
+    validity = np.array([i % 2 == 0 for i in range(len(data))])
+    with_nulls = StringTensor.from_offsets(offs, payload, validity)
+    assert with_nulls.to_list() == [s if i % 2 == 0 else None for i, s in enumerate(data)]
+    assert with_nulls.validity().tolist() == validity.tolist()
+
+
+def test_from_offsets_rejects_garbage_with_positions():
+    payload = np.frombuffer(b"abcdef\xffgh", dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"string 2 is not valid UTF-8.*position 1"):
+        StringTensor.from_offsets(np.array([0, 2, 5, 9], dtype=np.int32), payload)
+    with pytest.raises(ValueError, match="decrease at position 2"):
+        StringTensor.from_offsets(np.array([0, 5, 3, 9], dtype=np.int64), payload)
+    with pytest.raises(ValueError, match="past the 9 bytes"):
+        StringTensor.from_offsets(np.array([0, 10], dtype=np.int64), payload)
+    with pytest.raises(ValueError, match="negative"):
+        StringTensor.from_offsets(np.array([0, -1], dtype=np.int64), payload)
+    with pytest.raises(ValueError, match="splits a multi-byte"):
+        StringTensor.from_offsets(np.array([0, 2, 3], dtype=np.int32), np.frombuffer("aéb".encode(), dtype=np.uint8))
+    with pytest.raises(TypeError, match="offsets must be"):
+        StringTensor.from_offsets(np.array([0, 1], dtype=np.float64), payload)
+    with pytest.raises(ValueError, match="mask has"):
+        StringTensor.from_offsets(np.array([0, 1], dtype=np.int32), payload, np.array([True, False]))
+
+
+def test_exports_to_pyarrow_polars_and_dlpack():
+    data = corpus(300)
+    t = StringTensor(data)
+    for typ, name in [(pa.string_view(), "string_view"), (pa.string(), "string"), (pa.large_string(), "large_string")]:
+        a = t.to_arrow(name)
+        assert a.type == typ
+        assert a.to_pylist() == data
+    assert pa.array(t).type == pa.string_view()
+    s = t.to_polars()
+    assert s.dtype == pl.String and s.to_list() == data
+    o, d = t.to_dlpack("int64")
+    assert np.from_dlpack(o)[-1] == sum(len((x or "").encode()) for x in data)
+    assert np.from_dlpack(d).nbytes == t.nbytes
+    torch = pytest.importorskip("torch")
+    to, td = (torch.from_dlpack(x) for x in t.to_dlpack("int32"))
+    assert to.dtype == torch.int32 and td.dtype == torch.uint8
+    assert bytes(td[to[5]:to[6]].numpy()).decode() == (data[5] or "")
+
+
+def test_jax_dlpack():
+    jax = pytest.importorskip("jax")
+    t = StringTensor(["ab", "cde"])
+    o, d = t.to_dlpack("int32")
+    assert jax.numpy.asarray(jax.dlpack.from_dlpack(o)).tolist() == [0, 2, 5]
+    assert bytes(np.asarray(jax.dlpack.from_dlpack(d))) == b"abcde"
+
+
+def test_from_a_utf8_store_batch(tmp_path):
+    texts = ["", "short", "a string that is longer than twelve bytes", "ünïcödé 漢字"]
+    recs = [np.frombuffer(s.encode(), dtype=np.uint8) for s in texts]
+    with zrecord.RaggedWriter(tmp_path / "t", np.uint8, 1, "zstd", logical="utf8", allow_empty=True) as w:
+        w.append(zrecord.RaggedBatch.from_records(recs))
+    view = zrecord.open(tmp_path / "t").bind(zrecord.Allocator())
+    t = StringTensor(view[[3, 0, 2]])
+    assert t.to_list() == [texts[3], texts[0], texts[2]]
+    # An integer batch is not text.
+    ints = zrecord.RaggedBatch.from_records([np.arange(3, dtype=np.int32)])
+    with pytest.raises(ValueError, match="uint8 ndim-1"):
+        StringTensor(ints)
+
+
+# ---- operations ------------------------------------------------------------------------------
+
+def test_operations_match_python():
+    data = corpus(20000, seed=3)
+    t = StringTensor(data)
+    for prefix in ["", "a", "ab", "abcd", "abcde", "é", "漢字", "zz"]:
+        m = t.starts_with(prefix)
+        assert m.tolist() == [x is not None and x.startswith(prefix) for x in data]
+        assert t.filter_by_prefix(prefix).to_list() == [x for x in data if x is not None and x.startswith(prefix)]
+        assert t.eq(prefix).tolist() == [x == prefix for x in data]
+    other = StringTensor(list(reversed(data)))
+    assert (t == other).tolist() == [a is not None and b is not None and a == b for a, b in zip(data, reversed(data))]
+    assert t.lengths("chars").tolist() == [len(x or "") for x in data]
+    assert t.lengths("bytes").tolist() == [len((x or "").encode()) for x in data]
+    assert t.length_between(3, 13).tolist() == [x is not None and 3 <= len(x) <= 13 for x in data]
+    assert t.filter_length(40, None, "bytes").to_list() == [x for x in data if x is not None and len(x.encode()) >= 40]
+    ids = np.array([5, 0, 5, len(data) - 1], dtype=np.int64)
+    assert t.take(ids).to_list() == [data[i] for i in ids]
+    with pytest.raises(IndexError):
+        t.take([len(data)])
+    with pytest.raises(IndexError):
+        t.take(np.array([-1]))
+    mask = np.array([i % 3 == 0 for i in range(len(data))])
+    assert t.filter(mask).to_list() == [x for i, x in enumerate(data) if i % 3 == 0]
+    with pytest.raises(ValueError):
+        t.filter(mask[:5])
+    assert StringTensor.concat([t, t.take([1])]).to_list() == data + [data[1]]
+
+
+def test_hash_is_xxh3_64():
+    xxhash = pytest.importorskip("xxhash")
+    data = [x or "" for x in corpus(2000)]
+    t = StringTensor(data)
+    assert t.hash().tolist() == [xxhash.xxh3_64_intdigest(s.encode()) for s in data]
+    assert t.hash(seed=42).tolist() == [xxhash.xxh3_64_intdigest(s.encode(), seed=42) for s in data]
+
+
+# ---- stages against Python references ------------------------------------------------------
+
+def ref_clean(s, normalize_newlines=True, strip_control=True, collapse_whitespace=False, nfc=True, trim=True):
+    if normalize_newlines:
+        s = s.replace("\r\n", "\n")
+        for c in "\r\x85\u2028\u2029":
+            s = s.replace(c, "\n")
+    if strip_control:
+        s = "".join(c for c in s if not ((unicodedata.category(c) == "Cc" and c not in "\n\t") or c in "\u200b\u2060\ufeff"))
+    if collapse_whitespace:
+        out, pending, newlines = [], False, 0
+        for c in s:
+            if c == "\n":
+                pending, newlines = False, newlines + 1
+                continue
+            if c.isspace():
+                pending = True
+                continue
+            if newlines:
+                out.append("\n\n" if newlines > 1 else "\n")
+                newlines = 0
+            elif pending and out:
+                out.append(" ")
+            pending = False
+            out.append(c)
+        if newlines and not trim:
+            out.append("\n")
+        s = "".join(out)
+    if nfc:
+        s = unicodedata.normalize("NFC", s)
+    if trim:
+        s = s.strip()
+    return s
+
+
+def messy(n=3000, seed=1):
+    rng = random.Random(seed)
+    pieces = ["a", "b", "Word", " ", "  ", "\t", "\n", "\r\n", "\r", "\x00", "\x07", "\u2028", "\xa0", "\ufeff", "\u200b", "e\u0301", "é", "漢", "🙂", "\x85"]
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("opts", [{}, {"collapse_whitespace": True}, {"trim": False, "collapse_whitespace": True}, {"nfc": False}, {"normalize_newlines": False, "strip_control": False, "trim": False}])
+def test_cleaner_matches_reference(opts):
+    data = messy()
+    text, keep = TextCleaner(**opts)(data)
+    assert keep.all()
+    got = text.to_list()
+    for s, g in zip(data, got):
+        assert g == ref_clean(s, **opts), repr(s)
+    assert TextCleaner(**opts)(data[7]) == ref_clean(data[7], **opts)
+
+
+STOP = {"the", "be", "to", "of", "and", "that", "have", "with"}
+
+
+def ref_stats(text):
+    chars = len(text)
+    words = text.split()
+    lw = [w.lower() for w in words]
+    wc = sum(len(w) for w in words)
+    nw = len(words)
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    seen, dup, dup_chars = set(), 0, 0
+    for ln in lines:
+        if ln in seen:
+            dup += 1
+            dup_chars += len(ln)
+        seen.add(ln)
+    r = lambda a, b: a / b if b else 0.0  # noqa: E731
+    cnt = collections.Counter(text)
+    st = {
+        "chars": chars,
+        "words": nw,
+        "lines": len(lines),
+        "mean_word_len": r(wc, nw),
+        "symbol_word_ratio": r(text.count("#") + text.count("...") + text.count("…"), nw),
+        "digit_frac": r(sum(c in "0123456789" for c in text), chars),
+        "alpha_word_frac": r(sum(any(c.isalpha() for c in w) for w in words), nw),
+        "entropy": -sum((c / chars) * math.log2(c / chars) for c in cnt.values()) if chars else 0.0,
+        "dup_line_frac": r(dup, len(lines)),
+        "dup_line_char_frac": r(dup_chars, chars),
+        "bullet_line_frac": r(sum(ln.lstrip()[:1] in ("•", "‣", "◦", "-", "*") and ln.lstrip() != "" for ln in lines), len(lines)),
+        "ellipsis_line_frac": r(sum(ln.rstrip().endswith(("...", "…")) for ln in lines), len(lines)),
+        "stop_words": sum(w in STOP for w in lw),
+    }
+    for n in (2, 3, 4):
+        grams = {}
+        for i in range(len(lw) - n + 1):
+            g = tuple(lw[i:i + n])
+            c, ch = grams.get(g, (0, sum(len(w) for w in words[i:i + n])))
+            grams[g] = (c + 1, ch)
+        best = max((v for v in grams.values() if v[0] > 1), default=None)
+        st[f"top_{n}gram_frac"] = r(best[0] * best[1], wc) if best else 0.0
+    for n in range(5, 11):
+        grams = collections.Counter(tuple(lw[i:i + n]) for i in range(len(lw) - n + 1))
+        covered = [False] * len(lw)
+        for i in range(len(lw) - n + 1):
+            if grams[tuple(lw[i:i + n])] > 1:
+                for j in range(i, i + n):
+                    covered[j] = True
+        st[f"dup_{n}gram_frac"] = r(sum(len(w) for w, c in zip(words, covered) if c), wc)
+    return st
+
+
+GOOD = ("The history of the printing press is a story of how ideas travel. Before movable type, books were "
+        "copied by hand, which made them rare and expensive. Gutenberg's press changed that, and within fifty "
+        "years printers in many cities of Europe were producing books in large numbers. This spread of knowledge "
+        "had consequences that are still being studied by historians today, and it shaped the way we think about "
+        "science, religion, and politics with lasting effect.")
+
+
+def quality_corpus(n=400, seed=2):
+    rng = random.Random(seed)
+    vocab = ["the", "of", "and", "data", "model", "to", "with", "#", "...", "- item", "x1", "42", "é", "word", "repeat", "\n", "\n", "…", "*"]
+    docs = [GOOD, GOOD + "\n" + GOOD, "buy now " * 60, ""]
+    for _ in range(n):
+        docs.append(" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 150))))
+    return docs
+
+
+def test_quality_stats_match_reference():
+    docs = quality_corpus()
+    got = quality_stats(docs)
+    for i, d in enumerate(docs):
+        want = ref_stats(d)
+        for k, v in want.items():
+            assert math.isclose(float(got[k][i]), v, rel_tol=1e-9, abs_tol=1e-12), (k, i, d[:80])
+
+
+def gopher_keep(st):
+    return (50 <= st["words"] <= 100_000 and 3 <= st["mean_word_len"] <= 10 and st["symbol_word_ratio"] <= 0.1
+            and st["bullet_line_frac"] <= 0.9 and st["ellipsis_line_frac"] <= 0.3 and st["alpha_word_frac"] >= 0.8
+            and st["stop_words"] >= 2 and st["dup_line_frac"] <= 0.3 and st["dup_line_char_frac"] <= 0.2
+            and st["top_2gram_frac"] <= 0.20 and st["top_3gram_frac"] <= 0.18 and st["top_4gram_frac"] <= 0.16
+            and all(st[f"dup_{n}gram_frac"] <= t for n, t in zip(range(5, 11), (0.15, 0.14, 0.13, 0.12, 0.11, 0.10))))
+
+
+def test_quality_filter_gopher_matches_reference():
+    docs = quality_corpus()
+    keep = QualityFilter().keep(docs)
+    want = [gopher_keep(ref_stats(d)) for d in docs]
+    assert keep.tolist() == want
+    assert want[0] and not want[2]
+    # Overrides by name; None turns a rule off.
+    assert QualityFilter("none", min_words=3).keep(["a b", "a b c"]).tolist() == [False, True]
+    assert QualityFilter(min_words=None, min_stop_words=None, max_words=None).keep(["the cats slept on the warm mats"]).tolist() == [True]
+    with pytest.raises(ValueError, match="unknown rule"):
+        QualityFilter(min_wordz=3)
+    with pytest.raises(ValueError, match="unknown quality preset"):
+        QualityFilter("strict")
+
+
+PII_CASES = [
+    ("write to ada.lovelace+ml@example.co.uk today", "write to <EMAIL> today"),
+    ("not an email: a@b, x@localhost", "not an email: a@b, x@localhost"),
+    ("card 4111 1111 1111 1111 ok", "card <CREDIT_CARD> ok"),
+    ("bad luhn 4111 1111 1111 1112", "bad luhn 4111 1111 1111 1112"),
+    ("order 1234567890123456", "order 1234567890123456"),
+    ("ssn 123-45-6789.", "ssn <SSN>."),
+    ("ssn 000-12-3456 666-12-3456 900-12-3456", "ssn 000-12-3456 666-12-3456 900-12-3456"),
+    ("host 192.168.1.20 up", "host <IP_ADDRESS> up"),
+    ("v1.2.3.4 and version 1.2.3.4 and 1.2.3.4.5", "v1.2.3.4 and version 1.2.3.4 and 1.2.3.4.5"),
+    ("256.1.1.1 and 01.2.3.4", "256.1.1.1 and 01.2.3.4"),
+    ("ipv6 2001:db8::8a2e:370:7334 and ::1.", "ipv6 <IP_ADDRESS> and <IP_ADDRESS>."),
+    ("at 12:30:45 and mac 00:1a:2b:3c:4d:5e", "at 12:30:45 and mac 00:1a:2b:3c:4d:5e"),
+    ("call (415) 555-2671 or +44 20 7946 0958", "call <PHONE> or <PHONE>"),
+    ("date 2024-01-15 and 123-456-7890", "date 2024-01-15 and 123-456-7890"),
+    ("key sk_live_4eC39HqLyjWDarjtT1zdp7dc", "key <API_KEY>"),
+    ("aws AKIAIOSFODNN7EXAMPLE", "aws <API_KEY>"),
+    ("plain words only", "plain words only"),
+]
+
+
+def test_pii_cases_including_false_positives():
+    m = PIIMasker()
+    text, keep = m([c[0] for c in PII_CASES])
+    assert text.to_list() == [c[1] for c in PII_CASES]
+    assert keep.all()
+    s = "mail a@example.org, ssn 123-45-6789 é"
+    spans = m.find(s)
+    assert [(k, s[a:b]) for k, a, b in spans] == [("email", "a@example.org"), ("ssn", "123-45-6789")]
+    custom = PIIMasker(kinds=["email", "ipv4"], placeholders={"email": "[mail]", "ip": "[ip]"})
+    assert custom("a@example.org 10.0.0.1 123-45-6789") == "[mail] [ip] 123-45-6789"
+    with pytest.raises(ValueError, match="unknown kind"):
+        PIIMasker(kinds=["passport"])
+
+
+def test_fused_pipeline_equals_stages_in_turn():
+    rng = random.Random(5)
+    docs = []
+    for i in range(3000):
+        body = GOOD if i % 2 else "short doc"
+        docs.append(f"  {body}\r\n contact u{i}@example.org or 10.1.{i % 250}.7 " + ("\x07" if i % 3 == 0 else ""))
+    docs[10] = None
+    rng.shuffle(docs)
+    stages = [TextCleaner(collapse_whitespace=True), QualityFilter(), PIIMasker()]
+    text, keep = TextPipeline(stages)(docs)
+    want_text, want_keep = [], []
+    for d in docs:
+        if d is None:
+            want_text.append(None)
+            want_keep.append(False)
+            continue
+        c = ref_clean(d, collapse_whitespace=True)
+        ok = gopher_keep(ref_stats(c))
+        want_keep.append(ok)
+        want_text.append(stages[2](c) if ok else c)
+    assert keep.tolist() == want_keep
+    assert text.to_list() == want_text
+    with pytest.raises(TypeError):
+        TextPipeline([TextPipeline([])])
+
+
+def test_sql_functions_from_python():
+    ctx = zrecord.SessionContext()
+    res = ctx.sql("SELECT pii_mask(text_clean('  mail ada@example.org  ')) AS t, text_quality('x', 'none') AS q").to_arrow()
+    assert res.column("t").to_pylist() == ["mail <EMAIL>"]
+    assert res.column("q").to_pylist() == [True]

@@ -1,0 +1,381 @@
+//! String tensors and text stages: constructors and exports against Arrow, operations against
+//! plain loops, each stage on inputs with known answers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, LargeStringArray, StringArray, StringViewArray};
+use arrow_buffer::{Buffer, NullBuffer};
+use zrecord::prelude::*;
+use zrecord::text::{Cleaner, LengthUnit, OffsetType, PiiKind, PiiMasker, QualityFilter, QualityRules, Stage, StringTensor, TextPipeline};
+
+fn corpus() -> Vec<Option<String>> {
+    let mut v: Vec<Option<String>> = Vec::new();
+    for i in 0..10_000usize {
+        v.push(match i % 7 {
+            0 => None,
+            1 => Some(String::new()),
+            2 => Some(format!("pre{i}")),
+            3 => Some(format!("prefix-long-string-{i}-ünïcödé-{}", "x".repeat(i % 40))),
+            4 => Some("préfix".to_string()),
+            5 => Some(format!("{i}")),
+            _ => Some("exactly12chr".to_string()),
+        });
+    }
+    v
+}
+
+fn tensor(v: &[Option<String>]) -> StringTensor {
+    StringTensor::from_opt_strs(v.iter().map(|s| s.as_deref()))
+}
+
+#[test]
+fn from_arrow_shares_bytes_and_keeps_values_and_nulls() {
+    let v = corpus();
+    let sa = StringArray::from(v.iter().map(|s| s.as_deref()).collect::<Vec<_>>());
+    let (t, copied) = StringTensor::from_arrow(&sa).unwrap();
+    assert!(!copied);
+    assert_eq!(t.len(), v.len());
+    assert_eq!(t.null_count(), v.iter().filter(|s| s.is_none()).count());
+    for (i, s) in v.iter().enumerate() {
+        assert_eq!(t.value(i), s.as_deref(), "row {i}");
+    }
+    // The long strings point into the Utf8 array's own data buffer.
+    let data = sa.values().as_ptr() as usize..sa.values().as_ptr() as usize + sa.values().len();
+    for b in t.as_arrow().data_buffers() {
+        assert!(data.contains(&(b.as_ptr() as usize)), "view buffer is a copy");
+    }
+    let la = LargeStringArray::from(v.iter().map(|s| s.as_deref()).collect::<Vec<_>>());
+    let (t2, copied) = StringTensor::from_arrow(&la).unwrap();
+    assert!(!copied);
+    assert_eq!(t2, t);
+    let sv = StringViewArray::from(v.iter().map(|s| s.as_deref()).collect::<Vec<_>>());
+    let (t3, copied) = StringTensor::from_arrow(&sv).unwrap();
+    assert!(!copied);
+    assert_eq!(t3.as_arrow().views().as_ptr(), sv.views().as_ptr(), "Utf8View is taken as is");
+    // Sliced input keeps its offset window.
+    let sliced = sa.slice(3, 50);
+    let (t4, _) = StringTensor::from_arrow(&sliced).unwrap();
+    for i in 0..50 {
+        assert_eq!(t4.value(i), v[i + 3].as_deref());
+    }
+    let err = StringTensor::from_arrow(&arrow_array::Int32Array::from(vec![1])).unwrap_err();
+    assert!(err.to_string().contains("not a string array"), "{err}");
+}
+
+#[test]
+fn exports_round_trip_through_every_offset_type() {
+    let v = corpus();
+    let t = tensor(&v);
+    let back = t.to_string_array().unwrap();
+    assert_eq!(back, StringArray::from(v.iter().map(|s| s.as_deref()).collect::<Vec<_>>()));
+    let back = t.to_large_string_array().unwrap();
+    assert_eq!(back, LargeStringArray::from(v.iter().map(|s| s.as_deref()).collect::<Vec<_>>()));
+    for kind in [OffsetType::Int32, OffsetType::Int64, OffsetType::UInt32] {
+        let (offs, data, nulls) = t.to_offsets(kind).unwrap();
+        let w = kind.dtype().size();
+        assert_eq!(offs.len(), (v.len() + 1) * w);
+        let at = |k: usize| -> usize {
+            let b = &offs[k * w..(k + 1) * w];
+            match kind {
+                OffsetType::Int32 => i32::from_le_bytes(b.try_into().unwrap()) as usize,
+                OffsetType::Int64 => i64::from_le_bytes(b.try_into().unwrap()) as usize,
+                OffsetType::UInt32 => u32::from_le_bytes(b.try_into().unwrap()) as usize,
+            }
+        };
+        for (i, s) in v.iter().enumerate() {
+            let got = std::str::from_utf8(&data[at(i)..at(i + 1)]).unwrap();
+            assert_eq!(got, s.as_deref().unwrap_or(""));
+        }
+        assert_eq!(nulls.unwrap().null_count(), t.null_count());
+        let rebuilt = match kind {
+            OffsetType::Int32 => StringTensor::from_offsets(&(0..=v.len()).map(|k| at(k) as i32).collect::<Vec<_>>(), Buffer::from_vec(data), t.as_arrow().nulls().cloned()),
+            OffsetType::Int64 => StringTensor::from_offsets(&(0..=v.len()).map(|k| at(k) as i64).collect::<Vec<_>>(), Buffer::from_vec(data), t.as_arrow().nulls().cloned()),
+            OffsetType::UInt32 => StringTensor::from_offsets(&(0..=v.len()).map(|k| at(k) as u32).collect::<Vec<_>>(), Buffer::from_vec(data), t.as_arrow().nulls().cloned()),
+        }
+        .unwrap();
+        assert_eq!(rebuilt, t);
+    }
+    for dt in [arrow_schema::DataType::Utf8, arrow_schema::DataType::LargeUtf8, arrow_schema::DataType::Utf8View] {
+        let a: ArrayRef = t.to_arrow_type(&dt).unwrap();
+        assert_eq!(a.data_type(), &dt);
+        assert_eq!(StringTensor::from_arrow(a.as_ref()).unwrap().0, t);
+    }
+}
+
+#[test]
+fn from_offsets_rejects_bad_input_naming_the_position() {
+    let data = Buffer::from_vec(b"helloworld".to_vec());
+    let e = StringTensor::from_offsets::<i32>(&[], data.clone(), None).unwrap_err().to_string();
+    assert!(e.contains("n + 1"), "{e}");
+    let e = StringTensor::from_offsets(&[0i32, 5, 3, 10], data.clone(), None).unwrap_err().to_string();
+    assert!(e.contains("decrease at position 2"), "{e}");
+    let e = StringTensor::from_offsets(&[0i32, 5, 11], data.clone(), None).unwrap_err().to_string();
+    assert!(e.contains("offset 2 is 11, past the 10 bytes"), "{e}");
+    let e = StringTensor::from_offsets(&[0i64, -1], data.clone(), None).unwrap_err().to_string();
+    assert!(e.contains("offset 1 is negative"), "{e}");
+    // Invalid UTF-8 in the third string at its byte 1.
+    let bad = Buffer::from_vec(b"abcdef\xffgh".to_vec());
+    let e = StringTensor::from_offsets(&[0u32, 2, 5, 9], bad, None).unwrap_err().to_string();
+    assert!(e.contains("string 2 is not valid UTF-8") && e.contains("position 1 of the string"), "{e}");
+    // A boundary inside a multi-byte char: 'é' is 2 bytes.
+    let e_acute = Buffer::from_vec("aéb".as_bytes().to_vec());
+    let e = StringTensor::from_offsets(&[0i32, 2, 4], e_acute, None).unwrap_err().to_string();
+    assert!(e.contains("offset 1 (2) splits a multi-byte"), "{e}");
+    let e = StringTensor::from_offsets(&[0i32, 5, 10], data.clone(), Some(NullBuffer::new_null(3))).unwrap_err().to_string();
+    assert!(e.contains("3 entries for 2 strings"), "{e}");
+    // Offsets that start past 0 (a slice) are fine.
+    let t = StringTensor::from_offsets(&[2i32, 5, 10], data, None).unwrap();
+    assert_eq!(t.value(0), Some("llo"));
+    assert_eq!(t.value(1), Some("world"));
+}
+
+#[test]
+fn from_ragged_batch_reads_utf8_records() {
+    let alloc = Allocator::default();
+    let strs = ["", "short", "a string longer than twelve bytes", "ünïcödé"];
+    let recs: Vec<(&[u8], Vec<usize>)> = strs.iter().map(|s| (s.as_bytes(), vec![s.len()])).collect();
+    let refs: Vec<(&[u8], &[usize])> = recs.iter().map(|(d, s)| (*d, s.as_slice())).collect();
+    let b = RaggedBatch::from_records(&alloc, 1, &refs).unwrap();
+    let t = StringTensor::from_ragged(&b).unwrap();
+    for (i, s) in strs.iter().enumerate() {
+        assert_eq!(t.value(i), Some(*s));
+    }
+    let ints = RaggedBatch::from_records::<i32>(&alloc, 1, &[(&[1, 2], &[2])]).unwrap();
+    assert!(StringTensor::from_ragged(&ints).is_err());
+    let bad = RaggedBatch::from_records::<u8>(&alloc, 1, &[(&[0xff, 0xfe], &[2])]).unwrap();
+    assert!(StringTensor::from_ragged(&bad).unwrap_err().to_string().contains("not valid UTF-8"));
+}
+
+#[test]
+fn operations_match_plain_loops() {
+    let v = corpus();
+    let t = tensor(&v);
+    for prefix in ["", "p", "pre", "pref", "prefix-", "préfix", "prefix-long-string-1", "zzz", "exactly12chr", "exactly12chrX"] {
+        let m = t.starts_with(prefix);
+        for (i, s) in v.iter().enumerate() {
+            let want = s.as_deref().map(|s| s.starts_with(prefix));
+            assert_eq!(m.is_valid(i).then(|| m.value(i)), want, "prefix {prefix:?} row {i}");
+        }
+        let f = t.filter_by_prefix(prefix).unwrap();
+        let want: Vec<&str> = v.iter().flatten().filter(|s| s.starts_with(prefix)).map(String::as_str).collect();
+        assert_eq!((0..f.len()).map(|i| f.value(i).unwrap()).collect::<Vec<_>>(), want);
+        let e = t.eq_scalar(prefix);
+        for (i, s) in v.iter().enumerate() {
+            assert_eq!(e.is_valid(i).then(|| e.value(i)), s.as_deref().map(|s| s == prefix), "eq {prefix:?} row {i}");
+        }
+    }
+    let rev: Vec<Option<String>> = v.iter().rev().cloned().collect();
+    let e = t.eq(&tensor(&rev)).unwrap();
+    for i in 0..v.len() {
+        let want = match (&v[i], &rev[i]) {
+            (Some(a), Some(b)) => Some(a == b),
+            _ => None,
+        };
+        assert_eq!(e.is_valid(i).then(|| e.value(i)), want);
+    }
+    assert!(t.eq(&tensor(&v[..3])).is_err());
+    let chars = t.lengths(LengthUnit::Chars);
+    let bytes = t.lengths(LengthUnit::Bytes);
+    for (i, s) in v.iter().enumerate() {
+        if let Some(s) = s {
+            assert_eq!(chars.value(i) as usize, s.chars().count());
+            assert_eq!(bytes.value(i) as usize, s.len());
+        } else {
+            assert!(chars.is_null(i));
+        }
+    }
+    for (lo, hi) in [(0, 0), (1, 5), (5, 12), (13, 60), (6, 6)] {
+        for unit in [LengthUnit::Chars, LengthUnit::Bytes] {
+            let m = t.length_between(lo, hi, unit);
+            for (i, s) in v.iter().enumerate() {
+                let want = s.as_deref().map(|s| (lo..=hi).contains(&if unit == LengthUnit::Chars { s.chars().count() } else { s.len() }));
+                assert_eq!(m.is_valid(i).then(|| m.value(i)), want, "{lo}..={hi} {unit:?} row {i} {s:?}");
+            }
+        }
+    }
+    let h = t.hash(7);
+    for (i, s) in v.iter().enumerate() {
+        if let Some(s) = s {
+            assert_eq!(h.value(i), twox_hash::XxHash3_64::oneshot_with_seed(7, s.as_bytes()));
+        }
+    }
+    // XXH3-64 of the empty input (published test vector).
+    assert_eq!(StringTensor::from_strs([""]).hash(0).value(0), 0x2D06_8005_38D3_94C2);
+    let ids = [5u64, 0, 5, 9999, 3];
+    let tk = t.take(&ids).unwrap();
+    for (k, &i) in ids.iter().enumerate() {
+        assert_eq!(tk.value(k), v[i as usize].as_deref());
+    }
+    let e = t.take(&[1, 10_000]).unwrap_err();
+    assert!(matches!(e, Error::IndexOutOfRange { index: 10_000, .. }), "{e}");
+    let mask = arrow_array::BooleanArray::from((0..v.len()).map(|i| i % 3 == 0).collect::<Vec<_>>());
+    let f = t.filter(&mask).unwrap();
+    let want: Vec<Option<&str>> = v.iter().enumerate().filter(|(i, _)| i % 3 == 0).map(|(_, s)| s.as_deref()).collect();
+    assert_eq!((0..f.len()).map(|i| f.value(i)).collect::<Vec<_>>(), want);
+    assert_eq!(f.compact(), f);
+    assert!(t.filter(&arrow_array::BooleanArray::from(vec![true])).is_err());
+    let c = StringTensor::concat(&[&t, &f, &tk]).unwrap();
+    assert_eq!(c.len(), t.len() + f.len() + tk.len());
+    assert_eq!(c.value(t.len() + f.len()), tk.value(0));
+}
+
+#[test]
+fn cleaner_rules() {
+    let c = Cleaner::default();
+    assert_eq!(c.clean("  a\r\nb\rc\u{2028}d  "), "a\nb\nc\nd");
+    assert_eq!(c.clean("x\u{0}y\u{7}z\u{feff}\u{200b}"), "xyz");
+    assert_eq!(c.clean("tab\there\nnext"), "tab\there\nnext");
+    // NFC: e + combining acute -> é.
+    assert_eq!(c.clean("cafe\u{301}"), "caf\u{e9}");
+    assert_eq!(c.clean("already clean"), "already clean");
+    let mut out = String::new();
+    assert!(!c.clean_into("already clean", &mut out), "unchanged text reports no change");
+    let collapse = Cleaner { collapse_whitespace: true, ..Cleaner::default() };
+    assert_eq!(collapse.clean("a   b\t\tc  \n\n\n\n  d \n e"), "a b c\n\nd\ne");
+    let keep = Cleaner { normalize_newlines: false, strip_control: false, nfc: false, trim: false, collapse_whitespace: false };
+    assert_eq!(keep.clean(" a\r\n\u{7}cafe\u{301} "), " a\r\n\u{7}cafe\u{301} ");
+}
+
+const GOOD_DOC: &str = "The history of the printing press is a story of how ideas travel. Before movable type, \
+books were copied by hand, which made them rare and expensive. Gutenberg's press changed that, and within \
+fifty years printers in many cities of Europe were producing books in large numbers. This spread of \
+knowledge had consequences that are still being studied by historians today, and it shaped the way \
+we think about science, religion, and politics with lasting effect.";
+
+#[test]
+fn quality_filter_gopher_rules() {
+    let q = QualityFilter::default();
+    assert!(q.keep(GOOD_DOC), "{:?}", QualityFilter::stats(GOOD_DOC));
+    assert!(!q.keep("too short to be a document"));
+    let spam = "buy now ".repeat(60);
+    assert!(!q.keep(&spam), "repetition");
+    let symbols = format!("{} {}", GOOD_DOC, "# # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # # #");
+    assert!(!q.keep(&symbols), "symbols");
+    let dup_lines = (0..20).map(|_| "the same line of text with the words".to_string()).collect::<Vec<_>>().join("\n");
+    assert!(!q.keep(&dup_lines));
+    let s = QualityFilter::stats("a b\na b\n\n# c...\n- d");
+    assert_eq!((s.chars, s.words, s.lines), (19, 8, 4));
+    assert!((s.dup_line_frac - 0.25).abs() < 1e-12);
+    assert!((s.bullet_line_frac - 0.25).abs() < 1e-12);
+    assert!((s.ellipsis_line_frac - 0.25).abs() < 1e-12);
+    assert!((s.symbol_word_ratio - 2.0 / 8.0).abs() < 1e-12);
+    // Every rule off keeps everything; a single rule set by name.
+    let none = QualityFilter::new(QualityRules::default());
+    assert!(none.keep(""));
+    let mut r = QualityRules::default();
+    r.set("min_words", Some(3.0)).unwrap();
+    assert!(!QualityFilter::new(r.clone()).keep("two words"));
+    assert!(QualityFilter::new(r.clone()).keep("three words here"));
+    assert!(r.set("min_words", Some(2.5)).is_err());
+    assert!(r.set("max_top_ngram_frac_5", Some(0.1)).is_err());
+    assert!(r.set("nonsense", Some(0.1)).is_err());
+    assert!(QualityRules::preset("nope").is_err());
+}
+
+fn masked(text: &str) -> String {
+    PiiMasker::default().mask(text)
+}
+
+#[test]
+fn pii_masking_validates_candidates() {
+    assert_eq!(masked("write to ada.lovelace+ml@example.co.uk today"), "write to <EMAIL> today");
+    assert_eq!(masked("not an email: a@b, x@localhost"), "not an email: a@b, x@localhost");
+    assert_eq!(masked("card 4111 1111 1111 1111 ok"), "card <CREDIT_CARD> ok");
+    assert_eq!(masked("card 4111-1111-1111-1111"), "card <CREDIT_CARD>");
+    assert_eq!(masked("bad luhn 4111 1111 1111 1112"), "bad luhn 4111 1111 1111 1112");
+    assert_eq!(masked("order 1234567890123456"), "order 1234567890123456", "no issuer, no Luhn");
+    assert_eq!(masked("ssn 123-45-6789."), "ssn <SSN>.");
+    assert_eq!(masked("ssn 000-12-3456 666-12-3456 900-12-3456 123-00-4567"), "ssn 000-12-3456 666-12-3456 900-12-3456 123-00-4567");
+    assert_eq!(masked("host 192.168.1.20 up"), "host <IP_ADDRESS> up");
+    assert_eq!(masked("v1.2.3.4 and version 1.2.3.4 and release: 2.0.1.7"), "v1.2.3.4 and version 1.2.3.4 and release: 2.0.1.7");
+    assert_eq!(masked("1.2.3.4.5 and 256.1.1.1 and 01.2.3.4"), "1.2.3.4.5 and 256.1.1.1 and 01.2.3.4");
+    assert_eq!(masked("ipv6 2001:db8::8a2e:370:7334 and ::1."), "ipv6 <IP_ADDRESS> and <IP_ADDRESS>.");
+    assert_eq!(masked("at 12:30:45 and mac 00:1a:2b:3c:4d:5e"), "at 12:30:45 and mac 00:1a:2b:3c:4d:5e");
+    assert_eq!(masked("call (415) 555-2671 or +44 20 7946 0958"), "call <PHONE> or <PHONE>");
+    assert_eq!(masked("call 415-555-2671"), "call <PHONE>");
+    assert_eq!(masked("date 2024-01-15 and code 123-456-7890"), "date 2024-01-15 and code 123-456-7890", "area code 1xx is not NANP");
+    assert_eq!(masked("key sk_live_4eC39HqLyjWDarjtT1zdp7dc"), "key <API_KEY>");
+    assert_eq!(masked("tok ghp_0123456789abcdefghijABCDEFGHIJ012345"), "tok <API_KEY>");
+    assert_eq!(masked("aws AKIAIOSFODNN7EXAMPLE"), "aws <API_KEY>");
+    assert_eq!(masked("hf hf_abcdefghijklmnopqrstuvwxyz0123456789"), "hf <API_KEY>");
+    assert_eq!(masked("plain words only"), "plain words only");
+    let spans = PiiMasker::default().find("mail a@example.org, ssn 123-45-6789");
+    assert_eq!(spans.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![PiiKind::Email, PiiKind::Ssn]);
+    let only_email = PiiMasker::new(&[PiiKind::Email], &[(PiiKind::Email, "[e]".into())]).unwrap();
+    assert_eq!(only_email.mask("a@example.org 123-45-6789"), "[e] 123-45-6789");
+}
+
+#[test]
+fn pipeline_fuses_stages_and_reuses_untouched_rows() {
+    let docs = vec![
+        Some("  Contact ada@example.org\r\n".to_string()),
+        None,
+        Some("clean and long enough to live in a buffer".to_string()),
+        Some(GOOD_DOC.to_string()),
+        Some(format!("  {GOOD_DOC} mail me at bob@example.com  ")),
+    ];
+    let t = tensor(&docs);
+    let pipe = TextPipeline::new(vec![Stage::Clean(Cleaner::default()), Stage::Pii(PiiMasker::default())]);
+    let out = pipe.run(&t).unwrap();
+    assert_eq!(out.text.value(0), Some("Contact <EMAIL>"));
+    assert_eq!(out.text.value(1), None);
+    assert_eq!(out.text.value(2), docs[2].as_deref());
+    assert_eq!(out.text.as_arrow().views()[2], t.as_arrow().views()[2], "an untouched row keeps its view");
+    assert_eq!(out.text.value(4), Some(format!("{GOOD_DOC} mail me at <EMAIL>").as_str()));
+    assert_eq!((0..5).map(|i| out.keep.value(i)).collect::<Vec<_>>(), vec![true, false, true, true, true]);
+    // A quality filter in the middle drops rows; later stages do not run on them.
+    let pipe = TextPipeline::new(vec![Stage::Clean(Cleaner::default()), Stage::Quality(QualityFilter::default()), Stage::Pii(PiiMasker::default())]);
+    let out = pipe.run(&t).unwrap();
+    assert_eq!((0..5).map(|i| out.keep.value(i)).collect::<Vec<_>>(), vec![false, false, false, true, true]);
+    assert_eq!(out.text.value(0), Some("Contact ada@example.org"), "dropped after cleaning, before masking");
+    let kept = out.kept().unwrap();
+    assert_eq!(kept.len(), 2);
+    assert_eq!(kept.value(1), Some(format!("{GOOD_DOC} mail me at <EMAIL>").as_str()));
+    // Fused equals stage by stage, over many rows (parallel tasks).
+    let many: Vec<Option<String>> = (0..20_000).map(|i| Some(format!("  row {i}\r\n mail u{i}@example.org {}", if i % 2 == 0 { GOOD_DOC } else { "" }))).collect();
+    let mt = tensor(&many);
+    let fused = pipe.run(&mt).unwrap();
+    let mut cur = mt.clone();
+    let mut keep = vec![true; many.len()];
+    for stage in pipe.stages() {
+        let o = TextPipeline::new(vec![stage.clone()]).run(&cur).unwrap();
+        for (i, k) in keep.iter_mut().enumerate() {
+            if *k && !o.keep.value(i) {
+                *k = false;
+            }
+        }
+        // Rows dropped earlier keep the text they had.
+        let next: Vec<Option<String>> = (0..many.len()).map(|i| if keep[i] || !o.keep.value(i) { o.text.value(i) } else { cur.value(i) }.map(str::to_string)).collect();
+        cur = tensor(&next);
+    }
+    for i in 0..many.len() {
+        assert_eq!(fused.keep.value(i), keep[i], "row {i}");
+        if keep[i] {
+            assert_eq!(fused.text.value(i), cur.value(i), "row {i}");
+        }
+    }
+}
+
+#[test]
+fn sql_text_functions_on_a_utf8_store() {
+    // A utf8 store read back through SQL, cleaned and masked by the scalar functions.
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let path = dir.path().join("docs");
+    let texts = ["  hello\r\nworld ", "mail ada@example.org"];
+    let arr: ArrayRef = Arc::new(StringArray::from(texts.to_vec()));
+    let batch = arrow_array::RecordBatch::try_from_iter([("text", arr)]).unwrap();
+    let mut w = zrecord::arrow::DatasetWriter::for_schema(&path, &batch.schema(), WriterOptions::default()).unwrap();
+    w.append(&batch).unwrap();
+    w.finish().unwrap();
+    let ctx = zrecord::query::zrecord_context();
+    let sql = format!("SELECT pii_mask(text_clean(text)) AS t FROM '{}' ORDER BY _id", path.display());
+    let batches = rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
+    let col = batches[0].column(0);
+    let (t, _) = StringTensor::from_arrow(col.as_ref()).unwrap();
+    assert_eq!(t.value(0), Some("hello\nworld"));
+    assert_eq!(t.value(1), Some("mail <EMAIL>"));
+    let _ = col.as_string_view();
+}
