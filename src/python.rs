@@ -51,6 +51,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<text::PyArrowExport>()?;
     m.add_class::<text::PyTextPipeline>()?;
     m.add_class::<text::PyExactDedup>()?;
+    m.add_class::<text::PyNearDedup>()?;
+    m.add_class::<text::PyTokenizer>()?;
     m.add_function(wrap_pyfunction!(text::_quality_stats, m)?)?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;

@@ -24,15 +24,19 @@
 
 mod clean;
 mod dedup;
+mod minhash;
 mod pii;
 mod pipeline;
 mod quality;
 mod tensor;
+mod tokenize;
 pub(crate) mod udf;
 
 pub use clean::Cleaner;
 pub use dedup::ExactDedup;
+pub use minhash::{optimal_bands, splitmix64, MinHashParams, NearDedup, ShingleUnit};
 pub use pii::{PiiKind, PiiMasker};
 pub use pipeline::{Stage, StageOutput, TextPipeline};
 pub use quality::{QualityFilter, QualityRules, QualityStats};
 pub use tensor::{LengthUnit, OffsetType, StringTensor};
+pub use tokenize::Tokenizer;

@@ -379,3 +379,75 @@ fn sql_text_functions_on_a_utf8_store() {
     assert_eq!(t.value(1), Some("mail <EMAIL>"));
     let _ = col.as_string_view();
 }
+
+const WORD_LEVEL: &str = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+ "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+ "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2,"foo":3,"!":4},"unk_token":"[UNK]"}}"#;
+
+#[test]
+fn tokenizer_encodes_ragged_and_padded() {
+    use zrecord::text::Tokenizer;
+    let tk = Tokenizer::from_json(WORD_LEVEL).unwrap();
+    assert_eq!(tk.vocab_size(), 5);
+    let texts = StringTensor::from_opt_strs([Some("hello world!"), None, Some("foo bar hello"), Some("")]);
+    let alloc = Allocator::default();
+    let b = tk.encode(&texts, &alloc).unwrap();
+    assert_eq!(b.cu_seqlens_slice(), &[0, 3, 3, 6, 6]);
+    assert_eq!(b.values().as_slice::<i32>().unwrap(), &[1, 2, 4, 3, 0, 1]);
+    let (ids, mask) = tk.encode_padded(&texts, None, -1, &alloc).unwrap();
+    assert_eq!(ids.shape(), &[4, 3]);
+    assert_eq!(ids.as_slice::<i32>().unwrap(), &[1, 2, 4, -1, -1, -1, 3, 0, 1, -1, -1, -1]);
+    assert_eq!(mask.as_bytes(), &[1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0]);
+    let (ids, _) = tk.encode_padded(&texts, Some(2), 0, &alloc).unwrap();
+    assert_eq!(ids.as_slice::<i32>().unwrap(), &[1, 2, 0, 0, 3, 0, 0, 0]);
+    assert!(Tokenizer::from_json("{}").is_err());
+    let e = Tokenizer::from_file("/nonexistent/tokenizer.json").unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+}
+
+#[test]
+fn near_dedup_drops_near_copies_only() {
+    use zrecord::text::{MinHashParams, NearDedup};
+    let base: Vec<String> = (0..40u64).map(|d| (0..60u64).map(|w| format!("w{}", zrecord::text::splitmix64(d, w) % 5000)).collect::<Vec<_>>().join(" ")).collect();
+    let mut texts: Vec<String> = Vec::new();
+    let mut want = Vec::new();
+    for (i, b) in base.iter().enumerate() {
+        texts.push(b.clone());
+        want.push(true);
+        if i % 2 == 0 {
+            texts.push(b.replacen("w", "x", 1));
+            want.push(false);
+        }
+    }
+    let mut nd = NearDedup::new(MinHashParams { threshold: 0.7, ..MinHashParams::default() }).unwrap();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    assert_eq!(nd.insert(&refs), want);
+    assert_eq!(nd.len(), base.len());
+    // Checked in order: the same texts again are all near duplicates now.
+    assert!(nd.insert(&refs).iter().all(|k| !k));
+    assert!(NearDedup::new(MinHashParams { threshold: 0.0, ..MinHashParams::default() }).is_err());
+    assert!(NearDedup::new(MinHashParams { num_perm: 0, ..MinHashParams::default() }).is_err());
+    assert!(NearDedup::new(MinHashParams { bands: Some(129), ..MinHashParams::default() }).is_err());
+}
+
+#[test]
+fn exact_dedup_log_survives_reopen_and_cuts_uncommitted_tail() {
+    use zrecord::text::ExactDedup;
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = ExactDedup::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(d.insert(&[1, 2, 1, 3]).unwrap(), vec![true, true, false, true]);
+    assert_eq!(d.commit_upto(2).unwrap(), 2);
+    assert!(d.commit_upto(1).is_err());
+    assert_eq!(d.insert(&[4]).unwrap(), vec![true]);
+    drop(d);
+    let mut d = ExactDedup::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(d.committed(), 2);
+    assert_eq!(d.insert(&[1, 2, 3, 4]).unwrap(), vec![false, false, true, true]);
+    // Spilling: a tiny memory bound moves hashes to sorted runs; answers stay exact.
+    let mut s = ExactDedup::open(dir.path().join("spill"), 100).unwrap();
+    let hs: Vec<u64> = (0..2000).map(|i| i * 7).collect();
+    assert!(s.insert(&hs).unwrap().iter().all(|&k| k));
+    assert!(s.insert(&hs).unwrap().iter().all(|&k| !k));
+    let mut m = ExactDedup::in_memory(100);
+    assert!(matches!(m.insert(&hs), Err(Error::MemoryLimit { .. })));
+}

@@ -35,7 +35,9 @@ __all__ = [
     "QualityFilter",
     "PIIMasker",
     "ExactDedup",
+    "NearDedup",
     "TextPipeline",
+    "Tokenizer",
     "ResumablePipeline",
     "TextBatch",
     "make_collate",
@@ -355,6 +357,42 @@ class ExactDedup(_Stage):
         return len(self._d)
 
 
+class NearDedup(_Stage):
+    """Drops near duplicates: MinHash signatures (``num_perm`` permutations of XXH3-64
+    shingle hashes, ``shingle`` chars or words) and LSH ``bands`` (chosen for ``threshold``
+    when ``None``); a text is dropped when a kept text shares a band with it and their
+    signatures agree in >= ``threshold`` of the positions (the Jaccard estimate). Checked in
+    row order; kept signatures stay in memory (8 bytes x ``num_perm`` per kept text)."""
+
+    def __init__(self, threshold: float = 0.8, *, num_perm: int = 128, shingle: int = 5, unit: str = "chars", bands: int | None = None, seed: int = 1):
+        self._d = _z._NearDedup(threshold, num_perm, shingle, unit, bands, seed)
+        self.threshold, self.num_perm, self.shingle, self.unit, self.seed = threshold, num_perm, shingle, unit, seed
+        self._spec = ("near_dedup", self._d)
+        self._native = None
+
+    def check(self, strings: Any):
+        """Bool mask: True where the text is kept (not a near duplicate)."""
+        return _np().from_dlpack(self._d.check(_as_tensor(strings)._t))
+
+    def signatures(self, strings: Any):
+        """uint64 ``[n, num_perm]`` MinHash signatures (nothing is indexed)."""
+        return _np().from_dlpack(self._d.signatures(_as_tensor(strings)._t))
+
+    def permutations(self):
+        """``(a, b)`` uint64 arrays: permutation i maps a shingle hash h to (a_i h + b_i) mod 2^61-1."""
+        a, b = self._d.permutations()
+        np = _np()
+        return np.from_dlpack(a), np.from_dlpack(b)
+
+    @property
+    def bands(self) -> tuple[int, int]:
+        """``(bands, rows per band)``."""
+        return self._d.bands
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class TextPipeline(_Stage):
     """Stages fused into one pass per row: a row a filter drops skips later stages; a row no
     stage changes keeps its input bytes."""
@@ -363,11 +401,35 @@ class TextPipeline(_Stage):
         self.stages = list(stages)
         for s in self.stages:
             if not isinstance(s, _Stage) or isinstance(s, TextPipeline):
-                raise TypeError(f"a pipeline stage must be TextCleaner, QualityFilter, PIIMasker or ExactDedup, got {type(s).__name__}")
+                raise TypeError(f"a pipeline stage must be TextCleaner, QualityFilter, PIIMasker, ExactDedup or NearDedup, got {type(s).__name__}")
         self._native = _z._TextPipeline([s._spec for s in self.stages])
 
     def _pipeline(self):
         return self._native
+
+
+class Tokenizer:
+    """A Hugging Face tokenizer from a ``tokenizer.json`` (``path=`` or ``json=`` text), run by
+    the ``tokenizers`` Rust crate in parallel with the GIL released."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, json: str | None = None, add_special_tokens: bool = True):
+        self._t = _z._Tokenizer(None if path is None else os.fspath(path), json, add_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._t.vocab_size
+
+    def encode(self, strings: Any):
+        """A ragged int32 :class:`~zrecord.RaggedBatch` (one record of ids per string; nulls
+        are empty), ready for ``RaggedWriter.append`` or ``pyarrow.array``."""
+        return self._t.encode(_as_tensor(strings)._t)
+
+    def encode_padded(self, strings: Any, max_length: int | None = None, pad_id: int = 0):
+        """``(ids, attention_mask)`` NumPy arrays ``[n, L]`` (int32, bool), L the longest
+        encoding capped at ``max_length``."""
+        np = _np()
+        ids, mask = self._t.encode_padded(_as_tensor(strings)._t, max_length, pad_id)
+        return np.from_dlpack(ids), np.from_dlpack(mask)
 
 
 def quality_stats(strings: Any) -> dict:
@@ -621,18 +683,28 @@ class ResumablePipeline:
         self.close()
 
 
-def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", drop: bool = True):
+def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", drop: bool = True, tokenizer: Tokenizer | None = None,
+                 max_length: int | None = None, pad_id: int = 0):
     """A ``collate_fn`` for ``torch.utils.data.DataLoader``: takes a list of samples (``str``
     or dicts with ``field``), runs the stages fused on the batch and returns a
-    :class:`StringTensor` of the kept texts (``drop=False``: every row, with ``keep``)."""
+    :class:`StringTensor` of the kept texts (``drop=False``: ``(texts, keep)``). With a
+    ``tokenizer`` it returns ``{"input_ids", "attention_mask"}`` torch tensors (padded, capped
+    at ``max_length``) of the kept texts instead."""
     pipe = TextPipeline(list(stages)) if stages else None
 
     def collate(samples):
         rows = [s if isinstance(s, str) or s is None or field is None else s[field] for s in samples]
         t = StringTensor(rows)
-        if pipe is None:
-            return t
-        out, keep = pipe(t)
-        return out.filter(keep) if drop else (out, keep)
+        keep = None
+        if pipe is not None:
+            t, keep = pipe(t)
+            if drop or tokenizer is not None:
+                t = t.filter(keep)
+        if tokenizer is None:
+            return t if (drop or keep is None) else (t, keep)
+        import torch
+
+        ids, mask = tokenizer.encode_padded(t, max_length=max_length, pad_id=pad_id)
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
     return collate

@@ -15,7 +15,7 @@ use crate::memory::{Allocator, Tensor};
 use crate::python::errors::IntoPy;
 use crate::python::input::Imported;
 use crate::python::memory::{PyDLTensor, PyRaggedBatch};
-use crate::text::{Cleaner, ExactDedup, LengthUnit, OffsetType, PiiKind, PiiMasker, QualityFilter, QualityRules, Stage, StringTensor, TextPipeline};
+use crate::text::{Cleaner, ExactDedup, MinHashParams, NearDedup, ShingleUnit, LengthUnit, OffsetType, PiiKind, PiiMasker, QualityFilter, QualityRules, Stage, StringTensor, TextPipeline};
 
 fn alloc() -> Allocator {
     Allocator::cpu(0)
@@ -435,7 +435,12 @@ impl PyTextPipeline {
                     let d = d.cast::<PyExactDedup>().map_err(|_| PyTypeError::new_err("a dedup stage takes an ExactDedup"))?;
                     out.push(Stage::Dedup(d.get().inner.clone()));
                 }
-                other => return Err(PyValueError::new_err(format!("unknown stage '{other}' (clean, quality, pii, dedup)"))),
+                "near_dedup" => {
+                    let d = t.get_item(1)?;
+                    let d = d.cast::<PyNearDedup>().map_err(|_| PyTypeError::new_err("a near_dedup stage takes a NearDedup"))?;
+                    out.push(Stage::NearDedup(d.get().inner.clone()));
+                }
+                other => return Err(PyValueError::new_err(format!("unknown stage '{other}' (clean, quality, pii, dedup, near_dedup)"))),
             }
         }
         Ok(PyTextPipeline { inner: TextPipeline::new(out) })
@@ -579,5 +584,124 @@ impl PyExactDedup {
 
     fn __len__(&self) -> usize {
         self.lock().len() as usize
+    }
+}
+
+/// MinHash + LSH near-duplicate state (native half of `zrecord.text.NearDedup`).
+#[pyclass(name = "_NearDedup", module = "zrecord", frozen)]
+pub struct PyNearDedup {
+    inner: std::sync::Arc<std::sync::Mutex<NearDedup>>,
+    num_perm: usize,
+}
+
+impl PyNearDedup {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NearDedup> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[pymethods]
+impl PyNearDedup {
+    #[new]
+    #[pyo3(signature = (threshold = 0.8, num_perm = 128, shingle = 5, unit = "chars", bands = None, seed = 1))]
+    fn new(threshold: f64, num_perm: usize, shingle: usize, unit: &str, bands: Option<usize>, seed: u64) -> PyResult<Self> {
+        let unit = match unit {
+            "chars" => ShingleUnit::Chars,
+            "words" => ShingleUnit::Words,
+            other => return Err(PyValueError::new_err(format!("unit must be 'chars' or 'words', not '{other}'"))),
+        };
+        let d = NearDedup::new(MinHashParams { num_perm, shingle, unit, seed, threshold, bands }).py_err()?;
+        Ok(PyNearDedup { inner: std::sync::Arc::new(std::sync::Mutex::new(d)), num_perm })
+    }
+
+    /// For every string in order, True when it is not a near duplicate of one kept before.
+    fn check(&self, py: Python<'_>, strings: &Bound<'_, PyStringTensor>) -> PyResult<PyDLTensor> {
+        let t = strings.get().inner.clone();
+        let inner = self.inner.clone();
+        let v = py.detach(move || {
+            let arr = t.as_arrow();
+            let rows: Vec<usize> = (0..t.len()).filter(|&i| arr.is_valid(i)).collect();
+            let texts: Vec<&str> = rows.iter().map(|&i| arr.value(i)).collect();
+            let new = inner.lock().unwrap_or_else(|p| p.into_inner()).insert(&texts);
+            let mut out = vec![0u8; t.len()];
+            for (i, n) in rows.into_iter().zip(new) {
+                out[i] = n as u8;
+            }
+            out
+        });
+        let n = v.len();
+        let t = Tensor::from_slice(&alloc(), &v, &[n]).py_err()?.reinterpret(DType::Bool, vec![n]).py_err()?;
+        Ok(PyDLTensor::new(t, false))
+    }
+
+    /// Signatures of the strings (nulls as empty), uint64 [n, num_perm]; nothing is indexed.
+    fn signatures(&self, py: Python<'_>, strings: &Bound<'_, PyStringTensor>) -> PyResult<PyDLTensor> {
+        use rayon::prelude::*;
+        let t = strings.get().inner.clone();
+        let inner = self.inner.clone();
+        let flat: Vec<u64> = py.detach(move || {
+            let d = inner.lock().unwrap_or_else(|p| p.into_inner());
+            (0..t.len()).into_par_iter().flat_map_iter(|i| d.signature(t.value(i).unwrap_or(""))).collect()
+        });
+        let n = flat.len() / self.num_perm.max(1);
+        Ok(PyDLTensor::new(Tensor::from_slice(&alloc(), &flat, &[n, self.num_perm]).py_err()?, true))
+    }
+
+    /// The permutation parameters (a, b) as uint64 arrays.
+    fn permutations(&self) -> PyResult<(PyDLTensor, PyDLTensor)> {
+        let d = self.lock();
+        let (a, b) = d.permutations();
+        Ok((dl(a)?, dl(b)?))
+    }
+
+    /// (bands, rows per band).
+    #[getter]
+    fn bands(&self) -> (usize, usize) {
+        self.lock().bands()
+    }
+
+    fn __len__(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// A Hugging Face tokenizer (native half of `zrecord.text.Tokenizer`).
+#[pyclass(name = "_Tokenizer", module = "zrecord", frozen)]
+pub struct PyTokenizer {
+    inner: crate::text::Tokenizer,
+}
+
+#[pymethods]
+impl PyTokenizer {
+    #[new]
+    #[pyo3(signature = (path = None, json = None, add_special_tokens = true))]
+    fn new(path: Option<std::path::PathBuf>, json: Option<String>, add_special_tokens: bool) -> PyResult<Self> {
+        let t = match (path, json) {
+            (Some(p), None) => crate::text::Tokenizer::from_file(p),
+            (None, Some(j)) => crate::text::Tokenizer::from_json(&j),
+            _ => return Err(PyValueError::new_err("give exactly one of path= or json=")),
+        }
+        .py_err()?;
+        Ok(PyTokenizer { inner: t.with_special_tokens(add_special_tokens) })
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    /// Ragged int32 batch of token ids (one record per string).
+    fn encode(&self, py: Python<'_>, strings: &Bound<'_, PyStringTensor>) -> PyResult<PyRaggedBatch> {
+        let t = strings.get().inner.clone();
+        let b = py.detach(|| self.inner.encode(&t, &alloc())).py_err()?;
+        Ok(PyRaggedBatch::owned(b))
+    }
+
+    /// (ids int32 [n, L], attention mask bool [n, L]).
+    #[pyo3(signature = (strings, max_length = None, pad_id = 0))]
+    fn encode_padded(&self, py: Python<'_>, strings: &Bound<'_, PyStringTensor>, max_length: Option<usize>, pad_id: i32) -> PyResult<(PyDLTensor, PyDLTensor)> {
+        let t = strings.get().inner.clone();
+        let (ids, mask) = py.detach(|| self.inner.encode_padded(&t, max_length, pad_id, &alloc())).py_err()?;
+        Ok((PyDLTensor::new(ids, true), PyDLTensor::new(mask, true)))
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
 use crate::text::tensor::{par_mask, ROWS_PER_TASK};
-use crate::text::{Cleaner, ExactDedup, PiiMasker, QualityFilter, StringTensor};
+use crate::text::{Cleaner, ExactDedup, NearDedup, PiiMasker, QualityFilter, StringTensor};
 
 /// One text stage.
 #[derive(Clone, Debug)]
@@ -22,6 +22,9 @@ pub enum Stage {
     /// Keep the first occurrence of each text (XXH3-64 of the text at this point): a shared,
     /// stateful [`ExactDedup`]. Rows are checked in row order, so the result is deterministic.
     Dedup(Arc<Mutex<ExactDedup>>),
+    /// Keep texts that are not near duplicates (MinHash + LSH) of a text kept before: a
+    /// shared, stateful [`NearDedup`], checked in row order.
+    NearDedup(Arc<Mutex<NearDedup>>),
 }
 
 impl Stage {
@@ -32,6 +35,7 @@ impl Stage {
             Stage::Quality(_) => "quality",
             Stage::Pii(_) => "pii",
             Stage::Dedup(_) => "dedup",
+            Stage::NearDedup(_) => "near_dedup",
         }
     }
 }
@@ -96,13 +100,22 @@ impl TextPipeline {
         let mut keep: Option<Vec<bool>> = None;
         let mut i = 0;
         while i < self.stages.len() {
-            if let Stage::Dedup(d) = &self.stages[i] {
+            if matches!(self.stages[i], Stage::Dedup(_) | Stage::NearDedup(_)) {
                 let arr = text.as_arrow();
                 let mut k = keep.take().unwrap_or_else(|| (0..arr.len()).map(|r| arr.is_valid(r)).collect());
-                let hashes = text.hash(0);
                 let rows: Vec<usize> = (0..k.len()).filter(|&r| k[r]).collect();
-                let hs: Vec<u64> = rows.iter().map(|&r| hashes.value(r)).collect();
-                let new = d.lock().unwrap_or_else(|p| p.into_inner()).insert(&hs)?;
+                let new = match &self.stages[i] {
+                    Stage::Dedup(d) => {
+                        let hashes = text.hash(0);
+                        let hs: Vec<u64> = rows.iter().map(|&r| hashes.value(r)).collect();
+                        d.lock().unwrap_or_else(|p| p.into_inner()).insert(&hs)?
+                    }
+                    Stage::NearDedup(d) => {
+                        let texts: Vec<&str> = rows.iter().map(|&r| arr.value(r)).collect();
+                        d.lock().unwrap_or_else(|p| p.into_inner()).insert(&texts)
+                    }
+                    _ => vec![true; rows.len()],
+                };
                 for (r, n) in rows.into_iter().zip(new) {
                     k[r] = n;
                 }
@@ -110,7 +123,7 @@ impl TextPipeline {
                 i += 1;
                 continue;
             }
-            let j = (i..self.stages.len()).find(|&j| matches!(self.stages[j], Stage::Dedup(_))).unwrap_or(self.stages.len());
+            let j = (i..self.stages.len()).find(|&j| matches!(self.stages[j], Stage::Dedup(_) | Stage::NearDedup(_))).unwrap_or(self.stages.len());
             let (t, k) = run_segment(&self.stages[i..j], &text, keep.as_deref())?;
             text = t;
             keep = Some(k);
@@ -140,6 +153,12 @@ fn run_stages(stages: &[Stage], text: &str, a: &mut String, b: &mut String) -> R
             Stage::Dedup(d) => {
                 let h = crate::text::tensor::xxh3(src.as_bytes(), 0);
                 if !d.lock().unwrap_or_else(|p| p.into_inner()).insert(&[h])?[0] {
+                    return Ok((rewritten && a.as_str() != text, false));
+                }
+                false
+            }
+            Stage::NearDedup(d) => {
+                if !d.lock().unwrap_or_else(|p| p.into_inner()).insert(&[src])[0] {
                     return Ok((rewritten && a.as_str() != text, false));
                 }
                 false

@@ -408,3 +408,152 @@ def test_sql_functions_from_python():
     res = ctx.sql("SELECT pii_mask(text_clean('  mail ada@example.org  ')) AS t, text_quality('x', 'none') AS q").to_arrow()
     assert res.column("t").to_pylist() == ["mail <EMAIL>"]
     assert res.column("q").to_pylist() == [True]
+
+
+# ---- MinHash near-dedup against a Python implementation of the documented algorithm ---------
+
+M61 = (1 << 61) - 1
+MASK = (1 << 64) - 1
+
+
+def splitmix64(seed, i):
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def ref_signature(text, num_perm, k, unit, seed, xxhash):
+    a = [(splitmix64(seed, 2 * i) | 1) % M61 for i in range(num_perm)]
+    b = [splitmix64(seed, 2 * i + 1) % M61 for i in range(num_perm)]
+    items = list(text) if unit == "chars" else text.split()
+    join = "".join if unit == "chars" else " ".join
+    n = len(items)
+    windows = [] if n == 0 else [join(items)] if n <= k else [join(items[i:i + k]) for i in range(n - k + 1)]
+    hs = [xxhash.xxh3_64_intdigest(w.encode()) for w in windows]
+    return [min(((ai * h + bi) % M61 for h in hs), default=MASK) for ai, bi in zip(a, b)]
+
+
+def ref_optimal_bands(num_perm, t):
+    def collide(s, b, r):
+        return 1.0 - (1.0 - s ** r) ** b
+    best = (1, num_perm, math.inf)
+    for b in range(1, num_perm + 1):
+        r = num_perm // b
+        if r == 0:
+            break
+        fp = sum(collide(t * (k + 0.5) / 100, b, r) * t / 100 for k in range(100))
+        fn = sum((1.0 - collide(t + (1.0 - t) * (k + 0.5) / 100, b, r)) * (1.0 - t) / 100 for k in range(100))
+        if fp + fn < best[2]:
+            best = (b, r, fp + fn)
+    return best[0], best[1]
+
+
+def near_corpus(seed=4):
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(400)]
+    base = [" ".join(rng.choice(vocab) for _ in range(60)) for _ in range(60)]
+    docs, kind = [], []
+    for i, d in enumerate(base):
+        docs.append(d)
+        kind.append("orig")
+        if i % 2 == 0:
+            words = d.split()
+            words[rng.randrange(len(words))] = "changed"
+            docs.append(" ".join(words))
+            kind.append("near")
+    order = list(range(len(docs)))
+    return docs, kind
+
+
+@pytest.mark.parametrize("unit,k", [("chars", 5), ("words", 3)])
+def test_near_dedup_matches_reference(unit, k):
+    xxhash = pytest.importorskip("xxhash")
+    from zrecord.text import NearDedup
+
+    docs, kind = near_corpus()
+    docs = docs + ["", "abc", "ünïcödé text"]
+    nd = NearDedup(0.8, num_perm=64, shingle=k, unit=unit)
+    sigs = nd.signatures(docs)
+    assert sigs.shape == (len(docs), 64) and sigs.dtype == np.uint64
+    for i in (0, 1, 7, len(docs) - 3, len(docs) - 2, len(docs) - 1):
+        assert sigs[i].tolist() == ref_signature(docs[i], 64, k, unit, 1, xxhash), i
+    bands, rows = nd.bands
+    assert (bands, rows) == ref_optimal_bands(64, 0.8)
+    keep = nd.check(docs)
+    # Reference LSH with verification.
+    kept, index, want = [], [dict() for _ in range(bands)], []
+    for i in range(len(docs)):
+        s = ref_signature(docs[i], 64, k, unit, 1, xxhash)
+        dup = False
+        for band in range(bands):
+            for c in index[band].get(tuple(s[band * rows:(band + 1) * rows]), []):
+                if sum(x == y for x, y in zip(s, kept[c])) / 64 >= 0.8:
+                    dup = True
+        want.append(not dup)
+        if not dup:
+            for band in range(bands):
+                index[band].setdefault(tuple(s[band * rows:(band + 1) * rows]), []).append(len(kept))
+            kept.append(s)
+    assert keep.tolist() == want
+    assert len(nd) == sum(want)
+
+
+def test_near_dedup_finds_the_near_copies():
+    from zrecord.text import NearDedup
+
+    docs, kind = near_corpus()
+    keep = NearDedup(0.7, num_perm=128).check(docs)
+    for k, kp in zip(kind, keep.tolist()):
+        assert kp == (k == "orig")
+    # In a pipeline after cleaning, and argument checks.
+    text, keep = TextPipeline([TextCleaner(collapse_whitespace=True), NearDedup(0.7)])(["  " + docs[0], docs[1] + "\n\n", docs[0]])
+    assert keep.tolist() == [True, False, False]
+    with pytest.raises(ValueError, match="threshold"):
+        NearDedup(1.5)
+    with pytest.raises(ValueError, match="num_perm"):
+        NearDedup(num_perm=0)
+    with pytest.raises(ValueError, match="bands"):
+        NearDedup(num_perm=8, bands=9)
+
+
+def test_tokenizer_matches_huggingface(tmp_path):
+    hf_tok = pytest.importorskip("tokenizers")
+    from zrecord.text import Tokenizer
+
+    corpus = [f"the record store number {i} holds données and 漢字 tokens" for i in range(200)] + ["hello world"] * 20
+    hf = hf_tok.Tokenizer(hf_tok.models.BPE(unk_token="[UNK]"))
+    hf.normalizer = hf_tok.normalizers.NFC()
+    hf.pre_tokenizer = hf_tok.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = hf_tok.decoders.ByteLevel()
+    hf.train_from_iterator(corpus, hf_tok.trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "[CLS]", "[SEP]"], initial_alphabet=hf_tok.pre_tokenizers.ByteLevel.alphabet()))
+    hf.post_processor = hf_tok.processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", hf.token_to_id("[CLS]")), ("[SEP]", hf.token_to_id("[SEP]"))])
+    path = tmp_path / "tokenizer.json"
+    hf.save(str(path))
+    texts = ["hello world", "the store holds données", "", "unseen wörds ✓ 🙂", "漢字 tokens 42"]
+    ours = Tokenizer(path)
+    assert ours.vocab_size == hf.get_vocab_size()
+    b = ours.encode(texts)
+    values, cu = np.from_dlpack(b.values), np.from_dlpack(b.cu_seqlens)
+    got = [values[cu[i]:cu[i + 1]].tolist() for i in range(len(texts))]
+    want = [e.ids for e in hf.encode_batch(texts)]
+    assert got == want
+    ids, mask = ours.encode_padded(texts, max_length=6, pad_id=-1)
+    assert ids.shape == (len(texts), min(6, max(map(len, want))))
+    for i, w in enumerate(want):
+        w = w[:ids.shape[1]]
+        assert ids[i, :len(w)].tolist() == w and (ids[i, len(w):] == -1).all()
+        assert mask[i].tolist() == [True] * len(w) + [False] * (ids.shape[1] - len(w))
+    plain = Tokenizer(json=path.read_text(), add_special_tokens=False)
+    pb = plain.encode(texts[:1])
+    assert np.from_dlpack(pb.values).tolist() == hf.encode(texts[0], add_special_tokens=False).ids
+    # Straight into a ragged int32 store.
+    with zrecord.RaggedWriter(tmp_path / "tok", np.int32, 1, "zstd", allow_empty=True) as w:
+        w.append(b)
+    view = zrecord.open(tmp_path / "tok").bind(zrecord.Allocator())
+    back = view[[1]]
+    assert np.from_dlpack(back.values).tolist() == want[1]
+    with pytest.raises(ValueError, match="tokenizer"):
+        Tokenizer(json="{}")
+    with pytest.raises(ValueError):
+        Tokenizer()

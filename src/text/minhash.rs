@@ -1,0 +1,238 @@
+//! [`NearDedup`]: near-duplicate detection with MinHash signatures and LSH bands.
+//!
+//! Signature of a text (the Python reference in the tests follows this word for word):
+//! shingles are the overlapping `shingle`-char windows of the text (the whole text when it is
+//! shorter; none when empty), or `shingle`-word windows in word mode (whitespace-separated,
+//! joined by one space); each shingle hashes to `h = XXH3-64(utf8)`; permutation `i` maps it to
+//! `(a_i * h + b_i) mod (2^61 - 1)` with `a_i = (splitmix64(seed, 2i) | 1) mod (2^61 - 1)` and
+//! `b_i = splitmix64(seed, 2i + 1) mod (2^61 - 1)`, and the signature keeps each
+//! permutation's minimum (`u64::MAX` for a text without shingles).
+//!
+//! LSH: the signature splits into `bands` bands of `rows` values. A text is a near duplicate
+//! when some kept text shares a whole band with it *and* their signatures agree in at least
+//! `threshold` of the positions (the MinHash estimate of their Jaccard similarity); otherwise
+//! it is kept and indexed. Texts are checked in order, so the result is deterministic.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::text::quality::IdHasher;
+use crate::text::tensor::xxh3;
+
+const MERSENNE61: u64 = (1 << 61) - 1;
+
+/// The SplitMix64 output for `seed` at step `i`.
+pub fn splitmix64(seed: u64, i: u64) -> u64 {
+    let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What a shingle is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShingleUnit {
+    /// Unicode chars.
+    Chars,
+    /// Whitespace-separated words.
+    Words,
+}
+
+/// MinHash parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MinHashParams {
+    /// Permutations (signature length).
+    pub num_perm: usize,
+    /// Shingle size in `unit`s.
+    pub shingle: usize,
+    /// Chars or words.
+    pub unit: ShingleUnit,
+    /// Seed of the permutations.
+    pub seed: u64,
+    /// Jaccard threshold.
+    pub threshold: f64,
+    /// LSH bands (`num_perm / bands` rows each); `None` picks the bands that minimise false
+    /// positives + false negatives around `threshold`.
+    pub bands: Option<usize>,
+}
+
+impl Default for MinHashParams {
+    fn default() -> MinHashParams {
+        MinHashParams { num_perm: 128, shingle: 5, unit: ShingleUnit::Chars, seed: 1, threshold: 0.8, bands: None }
+    }
+}
+
+/// Probability that two texts of Jaccard `s` share a band.
+fn collide(s: f64, bands: usize, rows: usize) -> f64 {
+    1.0 - (1.0 - s.powi(rows as i32)).powi(bands as i32)
+}
+
+/// The (bands, rows) minimising the false-positive + false-negative areas around `t`
+/// (integrated with 100 midpoint steps each side).
+pub fn optimal_bands(num_perm: usize, t: f64) -> (usize, usize) {
+    let mut best = (1, num_perm, f64::INFINITY);
+    for bands in 1..=num_perm {
+        let rows = num_perm / bands;
+        if rows == 0 {
+            break;
+        }
+        let steps = 100;
+        let fp: f64 = (0..steps).map(|k| collide(t * (k as f64 + 0.5) / steps as f64, bands, rows) * t / steps as f64).sum();
+        let fneg: f64 = (0..steps).map(|k| (1.0 - collide(t + (1.0 - t) * (k as f64 + 0.5) / steps as f64, bands, rows)) * (1.0 - t) / steps as f64).sum();
+        if fp + fneg < best.2 {
+            best = (bands, rows, fp + fneg);
+        }
+    }
+    (best.0, best.1)
+}
+
+/// MinHash signatures and an LSH index of the texts kept so far.
+#[derive(Debug)]
+pub struct NearDedup {
+    params: MinHashParams,
+    a: Vec<u64>,
+    b: Vec<u64>,
+    bands: usize,
+    rows: usize,
+    /// Per band: band hash -> indices of kept texts.
+    index: Vec<HashMap<u64, Vec<u32>, BuildHasherDefault<IdHasher>>>,
+    /// Kept signatures, `num_perm` each.
+    kept: Vec<u64>,
+}
+
+impl NearDedup {
+    /// A detector with these parameters (checked: `num_perm` 1..=4096, `shingle` >= 1,
+    /// `threshold` in (0, 1], `bands` dividing into at least one row).
+    pub fn new(params: MinHashParams) -> Result<NearDedup> {
+        if !(1..=4096).contains(&params.num_perm) {
+            return Err(Error::invalid("num_perm", format!("{} (must be 1..=4096)", params.num_perm)));
+        }
+        if params.shingle == 0 {
+            return Err(Error::invalid("shingle", "must be >= 1"));
+        }
+        if !(params.threshold > 0.0 && params.threshold <= 1.0) {
+            return Err(Error::invalid("threshold", format!("{} (must be in (0, 1])", params.threshold)));
+        }
+        let (bands, rows) = match params.bands {
+            Some(b) if b >= 1 && b <= params.num_perm => (b, params.num_perm / b),
+            Some(b) => return Err(Error::invalid("bands", format!("{b} bands for {} permutations", params.num_perm))),
+            None => optimal_bands(params.num_perm, params.threshold),
+        };
+        let a = (0..params.num_perm as u64).map(|i| (splitmix64(params.seed, 2 * i) | 1) % MERSENNE61).collect();
+        let b = (0..params.num_perm as u64).map(|i| splitmix64(params.seed, 2 * i + 1) % MERSENNE61).collect();
+        Ok(NearDedup { params, a, b, bands, rows, index: (0..bands).map(|_| HashMap::default()).collect(), kept: Vec::new() })
+    }
+
+    /// (bands, rows per band).
+    pub fn bands(&self) -> (usize, usize) {
+        (self.bands, self.rows)
+    }
+
+    /// Texts kept (indexed) so far.
+    pub fn len(&self) -> usize {
+        self.kept.len() / self.params.num_perm
+    }
+
+    /// True when nothing is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// The permutation parameters `(a, b)`.
+    pub fn permutations(&self) -> (&[u64], &[u64]) {
+        (&self.a, &self.b)
+    }
+
+    /// The signature of `text`.
+    pub fn signature(&self, text: &str) -> Vec<u64> {
+        let mut sig = vec![u64::MAX; self.params.num_perm];
+        let mut add = |h: u64| {
+            for (s, (&a, &b)) in sig.iter_mut().zip(self.a.iter().zip(&self.b)) {
+                let v = ((a as u128 * h as u128 + b as u128) % MERSENNE61 as u128) as u64;
+                if v < *s {
+                    *s = v;
+                }
+            }
+        };
+        let k = self.params.shingle;
+        match self.params.unit {
+            ShingleUnit::Chars => {
+                let starts: Vec<usize> = text.char_indices().map(|(i, _)| i).chain(std::iter::once(text.len())).collect();
+                let n = starts.len() - 1;
+                if n > 0 && n <= k {
+                    add(xxh3(text.as_bytes(), 0));
+                } else if n > k {
+                    for i in 0..=n - k {
+                        add(xxh3(&text.as_bytes()[starts[i]..starts[i + k]], 0));
+                    }
+                }
+            }
+            ShingleUnit::Words => {
+                let words: Vec<&str> = text.split_whitespace().collect();
+                let n = words.len();
+                let mut buf = String::new();
+                let windows: Box<dyn Iterator<Item = &[&str]>> = if n == 0 {
+                    Box::new(std::iter::empty())
+                } else if n <= k {
+                    Box::new(std::iter::once(&words[..]))
+                } else {
+                    Box::new(words.windows(k))
+                };
+                for w in windows {
+                    buf.clear();
+                    for (j, x) in w.iter().enumerate() {
+                        if j > 0 {
+                            buf.push(' ');
+                        }
+                        buf.push_str(x);
+                    }
+                    add(xxh3(buf.as_bytes(), 0));
+                }
+            }
+        }
+        sig
+    }
+
+    fn band_hash(&self, sig: &[u64], band: usize) -> u64 {
+        let part = &sig[band * self.rows..(band + 1) * self.rows];
+        let bytes: Vec<u8> = part.iter().flat_map(|v| v.to_le_bytes()).collect();
+        xxh3(&bytes, band as u64)
+    }
+
+    /// Share of equal positions of two signatures (the Jaccard estimate).
+    pub fn similarity(a: &[u64], b: &[u64]) -> f64 {
+        a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len().max(1) as f64
+    }
+
+    /// For each text in order: true when it is not a near duplicate of a text kept before
+    /// (it is then kept and indexed). Signatures are computed in parallel.
+    pub fn insert(&mut self, texts: &[&str]) -> Vec<bool> {
+        let sigs: Vec<Vec<u64>> = if texts.len() >= 64 { texts.par_iter().map(|t| self.signature(t)).collect() } else { texts.iter().map(|t| self.signature(t)).collect() };
+        sigs.iter().map(|s| self.insert_signature(s)).collect()
+    }
+
+    /// Check and index one signature.
+    pub fn insert_signature(&mut self, sig: &[u64]) -> bool {
+        let p = self.params.num_perm;
+        let hashes: Vec<u64> = (0..self.bands).map(|band| self.band_hash(sig, band)).collect();
+        for (band, h) in hashes.iter().enumerate() {
+            if let Some(cands) = self.index[band].get(h) {
+                for &c in cands {
+                    let other = &self.kept[c as usize * p..(c as usize + 1) * p];
+                    if NearDedup::similarity(sig, other) >= self.params.threshold {
+                        return false;
+                    }
+                }
+            }
+        }
+        let id = self.len() as u32;
+        self.kept.extend_from_slice(sig);
+        for (band, h) in hashes.into_iter().enumerate() {
+            self.index[band].entry(h).or_default().push(id);
+        }
+        true
+    }
+}
