@@ -202,7 +202,8 @@ class StringTensor:
         return _np().from_dlpack(self._t.length_between(min, 2**63 - 1 if max is None else max, unit))
 
     def filter_length(self, min: int = 0, max: int | None = None, unit: str = "chars") -> "StringTensor":
-        return self.filter(self.length_between(min, max, unit))
+        """The rows with ``min <= length <= max``."""
+        return StringTensor._wrap(self._t.filter_length(min, 2**63 - 1 if max is None else max, unit))
 
     def hash(self, seed: int = 0):
         """uint64 XXH3-64 of each row's UTF-8 bytes (``xxhash.xxh3_64_intdigest``)."""

@@ -288,6 +288,13 @@ impl PyStringTensor {
         mask_tensor(&m)
     }
 
+    /// The rows with `min <= length <= max` (one pass, no mask crosses to Python).
+    #[pyo3(signature = (min = 0, max = usize::MAX, unit = "chars"))]
+    fn filter_length(&self, py: Python<'_>, min: usize, max: usize, unit: &str) -> PyResult<Self> {
+        let u = self::unit(unit)?;
+        Ok(Self::wrap(py.detach(|| self.inner.filter(&self.inner.length_between(min, max, u))).py_err()?))
+    }
+
     #[pyo3(signature = (seed = 0))]
     fn hash(&self, py: Python<'_>, seed: u64) -> PyResult<PyDLTensor> {
         let h = py.detach(|| self.inner.hash(seed));

@@ -43,6 +43,9 @@ impl Cleaner {
     /// (then `out` is unspecified and the caller keeps the original).
     pub fn clean_into(&self, text: &str, out: &mut String) -> bool {
         out.clear();
+        if !self.collapse_whitespace {
+            return self.clean_runs(text, out);
+        }
         if self.is_clean(text) {
             return false;
         }
@@ -88,6 +91,75 @@ impl Cleaner {
             out.push('\n');
         }
         if self.nfc && is_nfc_quick(out.chars()) != IsNormalized::Yes {
+            let n: String = out.nfc().collect();
+            *out = n;
+        }
+        if self.trim {
+            let t = out.trim();
+            if t.len() != out.len() {
+                let start = t.as_ptr() as usize - out.as_ptr() as usize;
+                let len = t.len();
+                out.truncate(start + len);
+                out.drain(..start);
+            }
+        }
+        out != text
+    }
+
+    /// Without whitespace collapse: copy runs of ordinary bytes in bulk, handling only the
+    /// bytes that change; nothing is copied when nothing changes.
+    fn clean_runs(&self, text: &str, out: &mut String) -> bool {
+        let b = text.as_bytes();
+        let (mut i, mut run) = (0usize, 0usize);
+        let mut edited = false;
+        while i < b.len() {
+            let c = b[i];
+            if (0x20..0x7f).contains(&c) || c == b'\n' || c == b'\t' {
+                i += 1;
+                continue;
+            }
+            if c < 0x80 {
+                // \r, other C0 controls, DEL.
+                if c == b'\r' && self.normalize_newlines {
+                    out.push_str(&text[run..i]);
+                    out.push('\n');
+                    if b.get(i + 1) == Some(&b'\n') {
+                        i += 1;
+                    }
+                    edited = true;
+                    run = i + 1;
+                } else if self.strip_control {
+                    out.push_str(&text[run..i]);
+                    edited = true;
+                    run = i + 1;
+                }
+                i += 1;
+                continue;
+            }
+            let ch = text[i..].chars().next().unwrap_or('\u{FFFD}');
+            let w = ch.len_utf8();
+            let brk = self.normalize_newlines && is_break(ch);
+            if brk || (self.strip_control && is_dropped(ch)) {
+                out.push_str(&text[run..i]);
+                if brk {
+                    out.push('\n');
+                }
+                edited = true;
+                run = i + w;
+            }
+            i += w;
+        }
+        let needs_nfc = |s: &str| self.nfc && !s.is_ascii() && is_nfc_quick(s.chars()) != IsNormalized::Yes;
+        if !edited {
+            let trimmed = if self.trim { text.trim() } else { text };
+            if trimmed.len() == text.len() && !needs_nfc(text) {
+                return false;
+            }
+            out.push_str(text);
+        } else {
+            out.push_str(&text[run..]);
+        }
+        if needs_nfc(out) {
             let n: String = out.nfc().collect();
             *out = n;
         }

@@ -67,14 +67,14 @@ impl PiiKind {
 const PATTERNS: [(PiiKind, &str); 7] = [
     (
         PiiKind::ApiKey,
-        r"\b(?:(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}|sk-(?:proj-|ant-(?:api\d\d-)?)?[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255}|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36})",
+        r"(?-u)\b(?:(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}|sk-(?:proj-|ant-(?:api[0-9][0-9]-)?)?[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255}|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36})",
     ),
-    (PiiKind::Email, r"(?i)\b[a-z0-9][a-z0-9._%+-]{0,63}@[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.[a-z]{2,24}\b"),
-    (PiiKind::CreditCard, r"\b\d(?:[ -]?\d){12,18}\b"),
-    (PiiKind::Ssn, r"\b\d{3}-\d{2}-\d{4}\b"),
-    (PiiKind::Ipv6, r"(?i)[0-9a-f:]*:[0-9a-f]*:[0-9a-f:.]*"),
-    (PiiKind::Ipv4, r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b"),
-    (PiiKind::Phone, r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}|(?:\b1[ .-]?)?(?:\(\d{3}\)[ .-]?|\b\d{3}[ .-])\d{3}[ .-]\d{4}\b"),
+    (PiiKind::Email, r"(?i-u)\b[a-z0-9][a-z0-9._%+-]{0,63}@[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.[a-z]{2,24}\b"),
+    (PiiKind::CreditCard, r"(?-u)\b[0-9](?:[ -]?[0-9]){12,18}\b"),
+    (PiiKind::Ssn, r"(?-u)\b[0-9]{3}-[0-9]{2}-[0-9]{4}\b"),
+    (PiiKind::Ipv6, r"(?i-u)[0-9a-f:]*:[0-9a-f]*:[0-9a-f:.]*"),
+    (PiiKind::Ipv4, r"(?-u)\b[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\b"),
+    (PiiKind::Phone, r"(?-u)\+[0-9]{1,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5}|(?:\b1[ .-]?)?(?:\([0-9]{3}\)[ .-]?|\b[0-9]{3}[ .-])[0-9]{3}[ .-][0-9]{4}\b"),
 ];
 
 /// Words that make a following dotted quad a version number, not an address.
@@ -179,6 +179,13 @@ impl PiiMasker {
 
 /// The span to mask for a candidate, or `None` when validation rejects it.
 fn validate(kind: PiiKind, text: &str, r: Range<usize>) -> Option<Range<usize>> {
+    // Patterns use ASCII word boundaries (so the DFA engines run on any text); a match that
+    // touches a non-ASCII letter or digit is part of a longer word.
+    let before = text[..r.start].chars().next_back();
+    let after = text[r.end..].chars().next();
+    if before.is_some_and(|c| !c.is_ascii() && c.is_alphanumeric()) || after.is_some_and(|c| !c.is_ascii() && c.is_alphanumeric()) {
+        return None;
+    }
     let s = &text[r.clone()];
     match kind {
         PiiKind::ApiKey => (s.bytes().any(|b| b.is_ascii_digit()) || s.starts_with("AKIA") || s.starts_with("ASIA")).then_some(r),

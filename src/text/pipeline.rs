@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
-use crate::text::tensor::{par_mask, ROWS_PER_TASK};
+use crate::text::tensor::{par_mask, rows_per_task, worth_parallel};
 use crate::text::{Cleaner, ExactDedup, NearDedup, PiiMasker, QualityFilter, StringTensor};
 
 /// One text stage.
@@ -177,9 +177,11 @@ fn run_stages(stages: &[Stage], text: &str, a: &mut String, b: &mut String) -> R
 fn run_segment(stages: &[Stage], input: &StringTensor, active: Option<&[bool]>) -> Result<(StringTensor, Vec<bool>)> {
         let arr = input.as_arrow();
         let n = arr.len();
-        let tasks = n.div_ceil(ROWS_PER_TASK);
+        let bytes = input.total_bytes();
+        let per = rows_per_task(n, bytes);
+        let tasks = n.div_ceil(per);
         let work = |t: usize| -> Part {
-            let (lo, hi) = (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(n));
+            let (lo, hi) = (t * per, ((t + 1) * per).min(n));
             let mut part = Part { views: Vec::with_capacity(hi - lo), rewritten: Vec::with_capacity(hi - lo), buffers: vec![Vec::new()], keep: Vec::with_capacity(hi - lo), error: None };
             let (mut a, mut b) = (String::new(), String::new());
             for i in lo..hi {
@@ -206,7 +208,7 @@ fn run_segment(stages: &[Stage], input: &StringTensor, active: Option<&[bool]>) 
             }
             part
         };
-        let parts: Vec<Part> = if tasks > 1 { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
+        let parts: Vec<Part> = if tasks > 1 && (worth_parallel(n, bytes) || !stages.is_empty()) { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
         // Stitch: the input's buffers first, then every task's buffers in order.
         let mut buffers: Vec<Buffer> = arr.data_buffers().to_vec();
         let mut views = Vec::with_capacity(n);

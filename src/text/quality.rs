@@ -238,6 +238,22 @@ fn ngram_hash(keys: &[(u64, usize)]) -> u64 {
     h
 }
 
+/// Whitespace-separated words (`split_whitespace().count()`, with an ASCII fast path).
+fn word_count(text: &str) -> usize {
+    if !text.is_ascii() {
+        return text.split_whitespace().count();
+    }
+    let mut n = 0;
+    let mut in_word = false;
+    for &b in text.as_bytes() {
+        // Rust's (and Python's) ASCII whitespace here: space, \t, \n, \x0b, \x0c, \r.
+        let ws = matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+        n += (!ws && !in_word) as usize;
+        in_word = !ws;
+    }
+    n
+}
+
 fn ratio(a: usize, b: usize) -> f64 {
     if b == 0 {
         0.0
@@ -297,21 +313,15 @@ impl QualityFilter {
 
     /// Every statistic of `text`.
     pub fn stats(text: &str) -> QualityStats {
-        let mut s = QualityStats::default();
-        let mut freq: HashMap<char, usize> = HashMap::new();
-        for c in text.chars() {
-            s.chars += 1;
-            *freq.entry(c).or_insert(0) += 1;
-        }
+        let mut s = QualityStats { chars: text.chars().count(), ..QualityStats::default() };
         s.digit_frac = ratio(text.bytes().filter(|b| b.is_ascii_digit()).count(), s.chars);
-        s.entropy = entropy(freq.values().copied(), s.chars);
+        s.entropy = char_entropy(text, s.chars);
         let words: Vec<&str> = text.split_whitespace().collect();
         s.words = words.len();
         let keys: Vec<(u64, usize)> = words.iter().map(|w| word_key(w)).collect();
         let word_chars: usize = keys.iter().map(|k| k.1).sum();
         s.mean_word_len = ratio(word_chars, s.words);
-        let symbols = text.matches('#').count() + text.matches("...").count() + text.matches('…').count();
-        s.symbol_word_ratio = ratio(symbols, s.words);
+        s.symbol_word_ratio = ratio(symbol_count(text), s.words);
         s.alpha_word_frac = ratio(words.iter().filter(|w| w.chars().any(char::is_alphabetic)).count(), s.words);
         let stop: HashSet<u64> = STOP_WORDS.iter().map(|w| xxh3(w.as_bytes(), 0)).collect();
         s.stop_words = keys.iter().filter(|k| stop.contains(&k.0)).count();
@@ -341,23 +351,20 @@ impl QualityFilter {
         if r.min_chars.is_some_and(|m| chars < m) || r.max_chars.is_some_and(|m| chars > m) {
             return false;
         }
-        let words: Vec<&str> = text.split_whitespace().collect();
-        let n = words.len();
+        let need_keys = r.min_mean_word_len.is_some() || r.max_mean_word_len.is_some() || r.min_stop_words.is_some() || r.max_top_ngram_frac.iter().chain(&r.max_dup_ngram_frac).any(Option::is_some);
+        let words: Vec<&str> = if need_keys || r.min_alpha_word_frac.is_some() { text.split_whitespace().collect() } else { Vec::new() };
+        let n = if words.is_empty() { word_count(text) } else { words.len() };
         if r.min_words.is_some_and(|m| n < m) || r.max_words.is_some_and(|m| n > m) {
             return false;
         }
-        let need_keys = r.min_mean_word_len.is_some() || r.max_mean_word_len.is_some() || r.min_stop_words.is_some() || r.max_top_ngram_frac.iter().chain(&r.max_dup_ngram_frac).any(Option::is_some);
         let keys: Vec<(u64, usize)> = if need_keys { words.iter().map(|w| word_key(w)).collect() } else { Vec::new() };
         let word_chars: usize = keys.iter().map(|k| k.1).sum();
         let mean = ratio(word_chars, n);
         if r.min_mean_word_len.is_some_and(|m| mean < m) || r.max_mean_word_len.is_some_and(|m| mean > m) {
             return false;
         }
-        if let Some(m) = r.max_symbol_word_ratio {
-            let symbols = text.matches('#').count() + text.matches("...").count() + text.matches('…').count();
-            if ratio(symbols, n) > m {
-                return false;
-            }
+        if r.max_symbol_word_ratio.is_some_and(|m| ratio(symbol_count(text), n) > m) {
+            return false;
         }
         if r.max_digit_frac.is_some_and(|m| ratio(text.bytes().filter(|b| b.is_ascii_digit()).count(), chars) > m) {
             return false;
@@ -371,12 +378,8 @@ impl QualityFilter {
                 return false;
             }
         }
-        if r.min_entropy.is_some() {
-            let mut freq: HashMap<char, usize> = HashMap::new();
-            text.chars().for_each(|c| *freq.entry(c).or_insert(0) += 1);
-            if r.min_entropy.is_some_and(|m| entropy(freq.values().copied(), chars) < m) {
-                return false;
-            }
+        if r.min_entropy.is_some_and(|m| char_entropy(text, chars) < m) {
+            return false;
         }
         if r.max_dup_line_frac.is_some() || r.max_dup_line_char_frac.is_some() || r.max_bullet_line_frac.is_some() || r.max_ellipsis_line_frac.is_some() {
             let (lines, dup, dup_chars, bullets, ellipses) = line_stats(text);
@@ -400,6 +403,50 @@ impl QualityFilter {
         }
         true
     }
+}
+
+/// `#` + `...` (non-overlapping) + `…` occurrences, in one pass.
+fn symbol_count(text: &str) -> usize {
+    let b = text.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while i < b.len() {
+        match b[i] {
+            b'#' => {
+                n += 1;
+                i += 1;
+            }
+            b'.' if b.get(i + 1) == Some(&b'.') && b.get(i + 2) == Some(&b'.') => {
+                n += 1;
+                i += 3;
+            }
+            0xE2 if b.get(i + 1) == Some(&0x80) && b.get(i + 2) == Some(&0xA6) => {
+                n += 1;
+                i += 3;
+            }
+            _ => i += 1,
+        }
+    }
+    n
+}
+
+/// Shannon entropy (bits) of the chars of `text` (`chars` of them).
+fn char_entropy(text: &str, chars: usize) -> f64 {
+    let mut ascii = [0usize; 128];
+    let mut other: HashMap<char, usize> = HashMap::new();
+    if text.is_ascii() {
+        for &b in text.as_bytes() {
+            ascii[b as usize] += 1;
+        }
+    } else {
+        for c in text.chars() {
+            if c.is_ascii() {
+                ascii[c as usize] += 1;
+            } else {
+                *other.entry(c).or_insert(0) += 1;
+            }
+        }
+    }
+    entropy(ascii.iter().copied().filter(|&c| c > 0).chain(other.into_values()), chars)
 }
 
 fn entropy(counts: impl Iterator<Item = usize>, total: usize) -> f64 {

@@ -15,6 +15,18 @@ use crate::memory::RaggedBatch;
 /// Rows handled per parallel task (below this many rows everything runs on the caller).
 pub(crate) const ROWS_PER_TASK: usize = 4096;
 
+/// Rows per parallel task for `n` rows holding `bytes` of string data: about 128 KiB of strings
+/// per task (64..=4096 rows), so a batch of long documents still spreads over every thread.
+pub(crate) fn rows_per_task(n: usize, bytes: usize) -> usize {
+    let avg = bytes / n.max(1) + 16;
+    (128 * 1024 / avg).clamp(64, ROWS_PER_TASK)
+}
+
+/// Whether `n` rows of `bytes` are worth splitting over the pool.
+pub(crate) fn worth_parallel(n: usize, bytes: usize) -> bool {
+    n >= 128 && (bytes >= 256 * 1024 || n >= 2 * ROWS_PER_TASK)
+}
+
 /// Longest string stored inline in its view.
 const INLINE_MAX: usize = 12;
 
@@ -313,19 +325,21 @@ impl StringTensor {
     pub fn lengths(&self, unit: LengthUnit) -> UInt32Array {
         let views = self.array.views();
         let mut out = vec![0u32; self.len()];
+        let bytes = self.total_bytes();
+        let per = rows_per_task(self.len(), bytes);
         let fill = |(c, chunk): (usize, &mut [u32])| {
             for (j, o) in chunk.iter_mut().enumerate() {
-                let i = c * ROWS_PER_TASK + j;
+                let i = c * per + j;
                 *o = match unit {
                     LengthUnit::Bytes => views[i] as u32,
                     LengthUnit::Chars => char_count(&self.array, i),
                 };
             }
         };
-        if self.len() >= 2 * ROWS_PER_TASK {
-            out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(fill);
+        if unit == LengthUnit::Chars && worth_parallel(self.len(), bytes) {
+            out.par_chunks_mut(per).enumerate().for_each(fill);
         } else {
-            out.chunks_mut(ROWS_PER_TASK).enumerate().for_each(fill);
+            out.chunks_mut(per).enumerate().for_each(fill);
         }
         UInt32Array::new(ScalarBuffer::from(out), self.array.nulls().cloned())
     }
@@ -351,15 +365,17 @@ impl StringTensor {
     /// `xxhash.xxh3_64_intdigest(s.encode(), seed)`.
     pub fn hash(&self, seed: u64) -> UInt64Array {
         let mut out = vec![0u64; self.len()];
+        let bytes = self.total_bytes();
+        let per = rows_per_task(self.len(), bytes);
         let fill = |(c, chunk): (usize, &mut [u64])| {
             for (j, o) in chunk.iter_mut().enumerate() {
-                *o = xxh3(self.array.value(c * ROWS_PER_TASK + j).as_bytes(), seed);
+                *o = xxh3(self.array.value(c * per + j).as_bytes(), seed);
             }
         };
-        if self.len() >= 2 * ROWS_PER_TASK {
-            out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(fill);
+        if worth_parallel(self.len(), bytes) {
+            out.par_chunks_mut(per).enumerate().for_each(fill);
         } else {
-            out.chunks_mut(ROWS_PER_TASK).enumerate().for_each(fill);
+            out.chunks_mut(per).enumerate().for_each(fill);
         }
         UInt64Array::new(ScalarBuffer::from(out), self.array.nulls().cloned())
     }
