@@ -451,3 +451,22 @@ fn exact_dedup_log_survives_reopen_and_cuts_uncommitted_tail() {
     let mut m = ExactDedup::in_memory(100);
     assert!(matches!(m.insert(&hs), Err(Error::MemoryLimit { .. })));
 }
+
+#[test]
+fn view_filters_match_mask_filters() {
+    let v = corpus();
+    let t = tensor(&v);
+    for prefix in ["", "p", "pre", "pref", "prefix-long", "préfix", "zzz"] {
+        let want: Vec<&str> = v.iter().flatten().filter(|s| s.starts_with(prefix)).map(String::as_str).collect();
+        let got = t.filter_by_prefix(prefix).unwrap();
+        assert_eq!((0..got.len()).map(|i| got.value(i).unwrap()).collect::<Vec<_>>(), want, "{prefix:?}");
+    }
+    for (lo, hi) in [(0, 0), (1, 5), (6, 12), (13, 80)] {
+        for unit in [LengthUnit::Chars, LengthUnit::Bytes] {
+            let want: Vec<&str> = v.iter().flatten().filter(|s| (lo..=hi).contains(&if unit == LengthUnit::Chars { s.chars().count() } else { s.len() })).map(String::as_str).collect();
+            let got = t.filter_length(lo, hi, unit).unwrap();
+            assert_eq!(got.null_count(), 0);
+            assert_eq!((0..got.len()).map(|i| got.value(i).unwrap()).collect::<Vec<_>>(), want, "{lo}..={hi} {unit:?}");
+        }
+    }
+}

@@ -42,6 +42,7 @@ __all__ = [
     "TextBatch",
     "make_collate",
     "quality_stats",
+    "write",
 ]
 
 
@@ -709,3 +710,32 @@ def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", d
         return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
     return collate
+
+
+def write(path: str | os.PathLike, strings: Any, *, codec: str = "zstd", allow_empty: bool = True, batch_rows: int = 65536, **writer_options: Any) -> int:
+    """Write strings (anything :class:`StringTensor` accepts, or an iterable of such batches) to
+    a ragged ``utf8`` store, one record per string, and publish it atomically; returns the
+    number of records. Nulls cannot be stored (``ValueError`` naming the first one); empty
+    strings are records of length 0 (``allow_empty``). ``writer_options`` go to
+    :class:`~zrecord.RaggedWriter` (``level``, ``data_shards``, ...)."""
+    np = _np()
+    if batch_rows <= 0:
+        raise ValueError(f"batch_rows must be > 0, got {batch_rows}")
+    if isinstance(strings, (list, tuple, StringTensor)) or hasattr(strings, "__arrow_c_array__") or hasattr(strings, "__arrow_c_stream__") or type(strings).__module__ == "numpy":
+        batches: Iterable[Any] = [strings]
+    else:
+        batches = strings
+    n = 0
+    with _z.RaggedWriter(os.fspath(path), np.uint8, 1, codec, logical="utf8", allow_empty=allow_empty, **writer_options) as w:
+        for b in batches:
+            t = _as_tensor(b)
+            if t.null_count:
+                first = int(np.flatnonzero(~t.validity())[0])
+                raise ValueError(f"string {n + first} is null; a utf8 store holds strings only (use '' or filter nulls)")
+            for lo in range(0, len(t), batch_rows):
+                part = t.take(list(range(lo, min(lo + batch_rows, len(t))))) if len(t) > batch_rows else t
+                offs, data = part.to_numpy("int32")
+                shapes = np.diff(offs).astype(np.uint64).reshape(-1, 1)
+                w.append(_z.RaggedBatch(data, offs, shapes))
+            n += len(t)
+    return n

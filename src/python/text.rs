@@ -292,7 +292,7 @@ impl PyStringTensor {
     #[pyo3(signature = (min = 0, max = usize::MAX, unit = "chars"))]
     fn filter_length(&self, py: Python<'_>, min: usize, max: usize, unit: &str) -> PyResult<Self> {
         let u = self::unit(unit)?;
-        Ok(Self::wrap(py.detach(|| self.inner.filter(&self.inner.length_between(min, max, u))).py_err()?))
+        Ok(Self::wrap(py.detach(|| self.inner.filter_length(min, max, u)).py_err()?))
     }
 
     #[pyo3(signature = (seed = 0))]

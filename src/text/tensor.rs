@@ -291,6 +291,11 @@ impl StringTensor {
         self.filter(&self.starts_with(prefix))
     }
 
+    /// The rows whose length in `unit` lies in `min..=max` (null rows dropped); bytes shared.
+    pub fn filter_length(&self, min: usize, max: usize, unit: LengthUnit) -> Result<StringTensor> {
+        self.filter(&self.length_between(min, max, unit))
+    }
+
     /// Rows equal to `value` (null rows give null); compares length and prefix first.
     pub fn eq_scalar(&self, value: &str) -> BooleanArray {
         let p = value.as_bytes();
@@ -419,7 +424,12 @@ impl PartialEq for StringTensor {
 
 /// XXH3-64 with a seed.
 pub(crate) fn xxh3(bytes: &[u8], seed: u64) -> u64 {
-    twox_hash::XxHash3_64::oneshot_with_seed(seed, bytes)
+    // Seed 0 is the default secret: no per-call secret derivation for long inputs.
+    if seed == 0 {
+        twox_hash::XxHash3_64::oneshot(bytes)
+    } else {
+        twox_hash::XxHash3_64::oneshot_with_seed(seed, bytes)
+    }
 }
 
 fn out_of_range(index: i128, len: usize) -> Error {
