@@ -350,9 +350,9 @@ fn pipeline_fuses_stages_and_reuses_untouched_rows() {
         let next: Vec<Option<String>> = (0..many.len()).map(|i| if keep[i] || !o.keep.value(i) { o.text.value(i) } else { cur.value(i) }.map(str::to_string)).collect();
         cur = tensor(&next);
     }
-    for i in 0..many.len() {
-        assert_eq!(fused.keep.value(i), keep[i], "row {i}");
-        if keep[i] {
+    for (i, &k) in keep.iter().enumerate() {
+        assert_eq!(fused.keep.value(i), k, "row {i}");
+        if k {
             assert_eq!(fused.text.value(i), cur.value(i), "row {i}");
         }
     }

@@ -481,12 +481,14 @@ pub(crate) fn _quality_stats<'py>(py: Python<'py>, strings: &Bound<'py, PyString
     let t = strings.get().inner.clone();
     let stats: Vec<crate::text::QualityStats> = py.detach(|| (0..t.len()).into_par_iter().map(|i| QualityFilter::stats(t.value(i).unwrap_or(""))).collect());
     let d = PyDict::new(py);
-    let counts: [(&str, fn(&crate::text::QualityStats) -> usize); 4] = [("chars", |s| s.chars), ("words", |s| s.words), ("lines", |s| s.lines), ("stop_words", |s| s.stop_words)];
+    type Count = fn(&crate::text::QualityStats) -> usize;
+    type Frac = fn(&crate::text::QualityStats) -> f64;
+    let counts: [(&str, Count); 4] = [("chars", |s| s.chars), ("words", |s| s.words), ("lines", |s| s.lines), ("stop_words", |s| s.stop_words)];
     for (name, f) in counts {
         let v: Vec<u64> = stats.iter().map(|s| f(s) as u64).collect();
         d.set_item(name, Py::new(py, dl(&v)?)?)?;
     }
-    let floats: [(&str, fn(&crate::text::QualityStats) -> f64); 10] = [
+    let floats: [(&str, Frac); 10] = [
         ("mean_word_len", |s| s.mean_word_len),
         ("symbol_word_ratio", |s| s.symbol_word_ratio),
         ("digit_frac", |s| s.digit_frac),

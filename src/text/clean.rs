@@ -199,10 +199,8 @@ impl Cleaner {
         // Collapse treats the start of the text like the start of a line (leading spaces go).
         let mut prev = if self.collapse_whitespace { b'\n' } else { 0u8 };
         for &c in b {
-            if (c < 0x20 && c != b'\n' && c != b'\t') || c == 0x7f {
-                if !(c == b'\r' && !self.normalize_newlines && !self.strip_control) {
-                    return false;
-                }
+            if ((c < 0x20 && c != b'\n' && c != b'\t') || c == 0x7f) && !(c == b'\r' && !self.normalize_newlines && !self.strip_control) {
+                return false;
             }
             if self.collapse_whitespace {
                 let ws = |x: u8| x == b' ' || x == b'\t';

@@ -100,9 +100,10 @@ pub struct QualityRules {
 
 impl QualityRules {
     /// The Gopher rules (Rae et al. 2021, appendix A): 50..=100,000 words, mean word length
-    /// 3..=10, symbol/word <= 0.1, bullet lines <= 0.9, ellipsis lines <= 0.3, alphabetic words
-    /// >= 0.8, >= 2 stop words, repeated lines <= 0.3 (chars <= 0.2), top 2/3/4-gram <=
-    /// 0.20/0.18/0.16, repeated 5..10-grams <= 0.15/0.14/0.13/0.12/0.11/0.10.
+    /// 3..=10, symbol/word at most 0.1, bullet lines at most 0.9, ellipsis lines at most 0.3,
+    /// alphabetic words at least 0.8, at least 2 stop words, repeated lines at most 0.3 (their
+    /// chars at most 0.2), top 2/3/4-gram at most 0.20/0.18/0.16, repeated 5..10-grams at most
+    /// 0.15/0.14/0.13/0.12/0.11/0.10.
     pub fn gopher() -> QualityRules {
         QualityRules {
             min_words: Some(50),
