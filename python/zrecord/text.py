@@ -343,7 +343,7 @@ class ExactDedup(_Stage):
 
     def check(self, strings: Any):
         """Bool mask: True where the text is new (it is recorded)."""
-        return _np().from_dlpack(self._d.check(_as_tensor(strings)._t))
+        return self(strings)[1]
 
     def commit(self) -> int:
         return self._d.commit()
@@ -374,7 +374,7 @@ class NearDedup(_Stage):
 
     def check(self, strings: Any):
         """Bool mask: True where the text is kept (not a near duplicate)."""
-        return _np().from_dlpack(self._d.check(_as_tensor(strings)._t))
+        return self(strings)[1]
 
     def signatures(self, strings: Any):
         """uint64 ``[n, num_perm]`` MinHash signatures (nothing is indexed)."""

@@ -553,29 +553,6 @@ impl PyExactDedup {
         Ok(PyExactDedup { inner: std::sync::Arc::new(std::sync::Mutex::new(d)) })
     }
 
-    /// For every string in order, True when its text was not seen before (it is recorded).
-    fn check(&self, py: Python<'_>, strings: &Bound<'_, PyStringTensor>) -> PyResult<PyDLTensor> {
-        let t = strings.get().inner.clone();
-        let inner = self.inner.clone();
-        let v = py
-            .detach(move || -> crate::Result<Vec<u8>> {
-                let h = t.hash(0);
-                let arr = t.as_arrow();
-                let rows: Vec<usize> = (0..t.len()).filter(|&i| arr.is_valid(i)).collect();
-                let hs: Vec<u64> = rows.iter().map(|&i| h.value(i)).collect();
-                let new = inner.lock().unwrap_or_else(|p| p.into_inner()).insert(&hs)?;
-                let mut out = vec![0u8; t.len()];
-                for (i, n) in rows.into_iter().zip(new) {
-                    out[i] = n as u8;
-                }
-                Ok(out)
-            })
-            .py_err()?;
-        let n = v.len();
-        let t = Tensor::from_slice(&alloc(), &v, &[n]).py_err()?.reinterpret(DType::Bool, vec![n]).py_err()?;
-        Ok(PyDLTensor::new(t, false))
-    }
-
     /// Durably record what was inserted since the last commit; returns the committed count.
     fn commit(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.lock().commit()).py_err()
@@ -621,26 +598,6 @@ impl PyNearDedup {
         };
         let d = NearDedup::new(MinHashParams { num_perm, shingle, unit, seed, threshold, bands }).py_err()?;
         Ok(PyNearDedup { inner: std::sync::Arc::new(std::sync::Mutex::new(d)), num_perm })
-    }
-
-    /// For every string in order, True when it is not a near duplicate of one kept before.
-    fn check(&self, py: Python<'_>, strings: &Bound<'_, PyStringTensor>) -> PyResult<PyDLTensor> {
-        let t = strings.get().inner.clone();
-        let inner = self.inner.clone();
-        let v = py.detach(move || {
-            let arr = t.as_arrow();
-            let rows: Vec<usize> = (0..t.len()).filter(|&i| arr.is_valid(i)).collect();
-            let texts: Vec<&str> = rows.iter().map(|&i| arr.value(i)).collect();
-            let new = inner.lock().unwrap_or_else(|p| p.into_inner()).insert(&texts);
-            let mut out = vec![0u8; t.len()];
-            for (i, n) in rows.into_iter().zip(new) {
-                out[i] = n as u8;
-            }
-            out
-        });
-        let n = v.len();
-        let t = Tensor::from_slice(&alloc(), &v, &[n]).py_err()?.reinterpret(DType::Bool, vec![n]).py_err()?;
-        Ok(PyDLTensor::new(t, false))
     }
 
     /// Signatures of the strings (nulls as empty), uint64 [n, num_perm]; nothing is indexed.

@@ -90,20 +90,7 @@ impl Cleaner {
         if self.collapse_whitespace && newlines > 0 && !self.trim {
             out.push('\n');
         }
-        if self.nfc && is_nfc_quick(out.chars()) != IsNormalized::Yes {
-            let n: String = out.nfc().collect();
-            *out = n;
-        }
-        if self.trim {
-            let t = out.trim();
-            if t.len() != out.len() {
-                let start = t.as_ptr() as usize - out.as_ptr() as usize;
-                let len = t.len();
-                out.truncate(start + len);
-                out.drain(..start);
-            }
-        }
-        out != text
+        self.finish(text, out)
     }
 
     /// Without whitespace collapse: copy runs of ordinary bytes in bulk, handling only the
@@ -159,7 +146,12 @@ impl Cleaner {
         } else {
             out.push_str(&text[run..]);
         }
-        if needs_nfc(out) {
+        self.finish(text, out)
+    }
+
+    /// The steps both paths end with: NFC where needed, then trim; true when `out` differs.
+    fn finish(&self, text: &str, out: &mut String) -> bool {
+        if self.nfc && !out.is_ascii() && is_nfc_quick(out.chars()) != IsNormalized::Yes {
             let n: String = out.nfc().collect();
             *out = n;
         }
