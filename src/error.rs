@@ -189,6 +189,15 @@ pub enum Error {
     /// A DataFusion error (planning, execution), kept whole.
     #[error("DataFusion error: {0}")]
     DataFusion(Box<datafusion::error::DataFusionError>),
+    /// A wait that ran out of time.
+    #[error("timed out: {what}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+    },
+    /// One error reported to several callers (a pipeline's sticky failure).
+    #[error("{0}")]
+    Shared(std::sync::Arc<Error>),
     /// An error with what was being done when it happened.
     #[error("{context}: {source}")]
     Context {
@@ -238,6 +247,7 @@ impl Error {
         loop {
             match cur {
                 Error::Context { source, .. } => cur = source,
+                Error::Shared(inner) => cur = inner,
                 Error::DataFusion(d) => match zrecord_error_in(d) {
                     Some(inner) => cur = inner,
                     None => return cur,

@@ -22,6 +22,7 @@ pub mod query;
 pub mod sample;
 pub mod store;
 pub mod text;
+pub mod zarr;
 #[cfg(feature = "python")]
 mod python;
 

@@ -12,6 +12,7 @@ mod source;
 mod sql;
 mod store;
 mod text;
+mod zarr;
 
 use pyo3::prelude::*;
 
@@ -54,6 +55,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<text::PyNearDedup>()?;
     m.add_class::<text::PyTokenizer>()?;
     m.add_function(wrap_pyfunction!(text::_quality_stats, m)?)?;
+    m.add_class::<zarr::PyZarrPipeline>()?;
+    m.add_class::<zarr::PyZarrReader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;

@@ -48,12 +48,12 @@ pub mod dataset {
     pub use crate::store::dataset::*;
 }
 pub mod cache;
-mod functions;
+pub(crate) mod functions;
 pub mod ids;
 mod prepared;
 mod rules;
 mod sink;
-mod table;
+pub(crate) mod table;
 
 use std::sync::Arc;
 
@@ -97,6 +97,7 @@ pub fn register_zrecord_extension(ctx: &SessionContext) -> datafusion::error::Re
     ctx.register_udtf("gather", Arc::new(GatherFunction));
     ctx.register_udtf("zrecord_info", Arc::new(InfoFunction));
     ctx.register_udtf("loader", Arc::new(LoaderFunction));
+    ctx.register_udtf("zarr_crops", Arc::new(crate::zarr::sql::ZarrCropsFunction));
     for f in crate::text::udf::text_udfs() {
         ctx.register_udf(f);
     }

@@ -1,7 +1,7 @@
 //! The Python exception mapping, declared once.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIndexError, PyMemoryError, PyOSError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -26,6 +26,8 @@ pub(crate) fn exception(e: &Error, msg: String) -> PyErr {
         Error::OutOfMemory { .. } | Error::MemoryLimit { .. } => PyMemoryError::new_err(msg),
         Error::Panicked { .. } => PyRuntimeError::new_err(msg),
         Error::Context { source, .. } => exception(source, msg),
+        Error::Shared(inner) => exception(inner, msg),
+        Error::Timeout { .. } => PyTimeoutError::new_err(msg),
         Error::DataFusion(_) | Error::Arrow(_) if !std::ptr::eq(e.root(), e) => exception(e.root(), msg),
         Error::Io { source, .. } => PyOSError::new_err((source.raw_os_error().unwrap_or(0), msg)),
         _ => PyValueError::new_err(msg),

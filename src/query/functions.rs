@@ -32,11 +32,11 @@ use crate::query::df_err;
 use crate::query::table::ZrecordTable;
 use crate::store::Layout;
 
-fn arg_err(func: &str, msg: impl fmt::Display) -> datafusion::error::DataFusionError {
+pub(crate) fn arg_err(func: &str, msg: impl fmt::Display) -> datafusion::error::DataFusionError {
     df_err(Error::invalid("argument", format!("{func}: {msg}")))
 }
 
-fn literal<'a>(func: &str, args: &'a [Expr], i: usize, what: &str) -> DfResult<&'a ScalarValue> {
+pub(crate) fn literal<'a>(func: &str, args: &'a [Expr], i: usize, what: &str) -> DfResult<&'a ScalarValue> {
     match args.get(i) {
         Some(Expr::Literal(v, _)) => Ok(v),
         Some(e) => Err(arg_err(func, format!("argument {} ({what}) must be a constant, got {e}", i + 1))),
@@ -44,14 +44,14 @@ fn literal<'a>(func: &str, args: &'a [Expr], i: usize, what: &str) -> DfResult<&
     }
 }
 
-fn string_arg(func: &str, args: &[Expr], i: usize, what: &str) -> DfResult<String> {
+pub(crate) fn string_arg(func: &str, args: &[Expr], i: usize, what: &str) -> DfResult<String> {
     match literal(func, args, i, what)? {
         ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => Ok(s.clone()),
         v => Err(arg_err(func, format!("argument {} ({what}) must be a string, got {v}", i + 1))),
     }
 }
 
-fn int_arg(func: &str, args: &[Expr], i: usize, what: &str) -> DfResult<i64> {
+pub(crate) fn int_arg(func: &str, args: &[Expr], i: usize, what: &str) -> DfResult<i64> {
     let v = literal(func, args, i, what)?;
     match v.cast_to(&DataType::Int64) {
         Ok(ScalarValue::Int64(Some(x))) if v.data_type().is_integer() => Ok(x),

@@ -1,0 +1,660 @@
+//! Planning and execution of one batch: every chunk a batch needs is read once (adjacent
+//! inner chunks of a shard in one read), decoded on a bounded worker pool, and its selected
+//! voxels written straight into each sample's slot of one output allocation, cast on the way.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use lru::LruCache;
+use rayon::prelude::*;
+use zarrs::array::{ArrayToBytesCodecTraits, CodecOptions, FillValue};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::memory::{Allocation, Allocator, Tensor};
+use crate::zarr::cast::{convert_one, fill_runs, kernel, scatter, strides, Kernel, OutPtr};
+use crate::zarr::meta::{index_shape, ArrayMeta, Layout, Location};
+use crate::zarr::query::{runs_by_chunk, Query, Run};
+
+fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+/// Cache sizes (entries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Opened arrays (metadata and codec chains) kept.
+    pub array_entries: usize,
+    /// Shard indexes kept.
+    pub shard_index_entries: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits { array_entries: 256, shard_index_entries: 8192 }
+    }
+}
+
+/// Executor limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Threads that read and decode (0: one per core).
+    pub decode_workers: usize,
+    /// The largest single read: adjacent inner chunks of a shard are merged up to this size,
+    /// and no one encoded chunk may be larger.
+    pub max_read_bytes: usize,
+    /// The largest decoded chunk (decode scratch per worker).
+    pub max_chunk_bytes: usize,
+    /// Hard budget of a pipeline: output slots + per-worker read buffers and decode scratch.
+    pub max_memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { decode_workers: 0, max_read_bytes: 16 << 20, max_chunk_bytes: 16 << 20, max_memory_bytes: 2 << 30 }
+    }
+}
+
+impl Limits {
+    /// Workers actually used.
+    pub fn workers(&self) -> usize {
+        if self.decode_workers == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            self.decode_workers
+        }
+    }
+
+    /// Bytes of read buffers and decode scratch the workers may hold at once.
+    pub fn scratch_bytes(&self) -> usize {
+        self.workers().saturating_mul(self.max_read_bytes.saturating_add(self.max_chunk_bytes))
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.decode_workers > 1024 {
+            return Err(Error::invalid("decode_workers", format!("{} is more than 1024", self.decode_workers)));
+        }
+        if self.max_read_bytes == 0 || self.max_chunk_bytes == 0 {
+            return Err(Error::invalid("limits", "max_read_bytes and max_chunk_bytes must be positive"));
+        }
+        Ok(())
+    }
+}
+
+/// Counters since the assembler was made (`snapshot` reads them).
+#[derive(Default, Debug)]
+struct Counters {
+    samples: AtomicU64,
+    batches: AtomicU64,
+    reads: AtomicU64,
+    bytes_read: AtomicU64,
+    selected_bytes: AtomicU64,
+    output_bytes: AtomicU64,
+    chunks_decoded: AtomicU64,
+    chunks_filled: AtomicU64,
+    decode_ns: AtomicU64,
+    read_ns: AtomicU64,
+    assemble_ns: AtomicU64,
+    array_hits: AtomicU64,
+    array_misses: AtomicU64,
+    index_hits: AtomicU64,
+    index_misses: AtomicU64,
+}
+
+/// Per-stage statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Samples assembled.
+    pub samples: u64,
+    /// Batches assembled.
+    pub batches: u64,
+    /// Reads issued (chunk files, merged shard ranges, shard indexes).
+    pub reads: u64,
+    /// Encoded bytes read.
+    pub bytes_read: u64,
+    /// Source bytes the samples selected (inside the arrays).
+    pub selected_bytes: u64,
+    /// Output bytes written.
+    pub output_bytes: u64,
+    /// Chunks decoded.
+    pub chunks_decoded: u64,
+    /// Chunks absent on storage, written as the fill value.
+    pub chunks_filled: u64,
+    /// Seconds spent decoding, summed over workers.
+    pub decode_seconds: f64,
+    /// Seconds spent reading, summed over workers.
+    pub read_seconds: f64,
+    /// Wall seconds of batch assembly.
+    pub assemble_seconds: f64,
+    /// Array metadata cache hits / misses.
+    pub array_cache_hits: u64,
+    /// Array metadata cache misses.
+    pub array_cache_misses: u64,
+    /// Shard index cache hits.
+    pub index_cache_hits: u64,
+    /// Shard index cache misses.
+    pub index_cache_misses: u64,
+}
+
+impl Stats {
+    /// Encoded bytes read per selected source byte.
+    pub fn read_amplification(&self) -> f64 {
+        if self.selected_bytes == 0 {
+            0.0
+        } else {
+            self.bytes_read as f64 / self.selected_bytes as f64
+        }
+    }
+}
+
+/// A shard's index: `(offset, nbytes)` per inner chunk, `None` when the shard is absent.
+#[derive(Debug)]
+struct ShardIndex {
+    entries: Option<Vec<u64>>,
+}
+
+type ArrayKey = (String, Option<usize>);
+
+/// Opens arrays (cached), plans batches and runs them.
+pub struct Assembler {
+    limits: Limits,
+    arrays: Mutex<LruCache<ArrayKey, Arc<ArrayMeta>>>,
+    indexes: Mutex<LruCache<(u64, Vec<u64>), Arc<ShardIndex>>>,
+    pool: Option<rayon::ThreadPool>,
+    counters: Counters,
+    options: CodecOptions,
+}
+
+impl std::fmt::Debug for Assembler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Assembler({:?})", self.limits)
+    }
+}
+
+/// One sample's plan.
+struct SamplePlan {
+    meta: Arc<ArrayMeta>,
+    /// Per axis: (chunk index, runs).
+    axes: Vec<Vec<(u64, Vec<Run>)>>,
+    kernel: Kernel,
+    fill_out: Vec<u8>,
+    prefill: bool,
+}
+
+/// A chunk some samples need, and where its voxels go.
+struct ChunkJob {
+    meta: Arc<ArrayMeta>,
+    coords: Vec<u64>,
+    /// (sample, per-axis index into that sample's `axes[d]`).
+    targets: Vec<(usize, Vec<usize>)>,
+}
+
+/// One read: an object's byte range (whole object when `range` is `None`) holding chunks.
+struct ReadTask {
+    location: Location,
+    range: Option<(u64, u64)>,
+    /// (job, offset in the read, encoded length).
+    chunks: Vec<(usize, u64, u64)>,
+}
+
+impl Assembler {
+    /// An assembler with its own pool of `limits.decode_workers` threads (the global rayon
+    /// pool when 0).
+    pub fn new(limits: Limits, cache: CacheLimits) -> Result<Assembler> {
+        limits.check()?;
+        let nz = |n: usize, what: &'static str| NonZeroUsize::new(n).ok_or_else(|| Error::invalid(what, "must be positive"));
+        let pool = if limits.decode_workers == 0 {
+            None
+        } else {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(limits.decode_workers)
+                    .thread_name(|i| format!("zrecord-zarr-{i}"))
+                    .build()
+                    .map_err(|e| Error::invalid("decode_workers", e.to_string()))?,
+            )
+        };
+        Ok(Assembler {
+            limits,
+            arrays: Mutex::new(LruCache::new(nz(cache.array_entries, "array_entries")?)),
+            indexes: Mutex::new(LruCache::new(nz(cache.shard_index_entries, "shard_index_entries")?)),
+            pool,
+            counters: Counters::default(),
+            options: CodecOptions::default().with_concurrent_target(1),
+        })
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The array at `uri` (cached).
+    pub fn array(&self, uri: &str, level: Option<usize>) -> Result<Arc<ArrayMeta>> {
+        let key = (uri.to_string(), level);
+        if let Some(m) = self.arrays.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            self.counters.array_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(m.clone());
+        }
+        self.counters.array_misses.fetch_add(1, Ordering::Relaxed);
+        let m = Arc::new(ArrayMeta::open(uri, level)?);
+        self.arrays.lock().unwrap_or_else(|p| p.into_inner()).put(key, m.clone());
+        Ok(m)
+    }
+
+    /// Statistics so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            samples: g(&c.samples),
+            batches: g(&c.batches),
+            reads: g(&c.reads),
+            bytes_read: g(&c.bytes_read),
+            selected_bytes: g(&c.selected_bytes),
+            output_bytes: g(&c.output_bytes),
+            chunks_decoded: g(&c.chunks_decoded),
+            chunks_filled: g(&c.chunks_filled),
+            decode_seconds: g(&c.decode_ns) as f64 * 1e-9,
+            read_seconds: g(&c.read_ns) as f64 * 1e-9,
+            assemble_seconds: g(&c.assemble_ns) as f64 * 1e-9,
+            array_cache_hits: g(&c.array_hits),
+            array_cache_misses: g(&c.array_misses),
+            index_cache_hits: g(&c.index_hits),
+            index_cache_misses: g(&c.index_misses),
+        }
+    }
+
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    /// Assemble `queries` into one new tensor `[n, *shape]` of `dtype` (the source type when
+    /// `None`) placed in `allocator`. Every sample must have the same shape (`shape`, or the
+    /// first sample's).
+    pub fn gather(&self, queries: &[Query], dtype: Option<DType>, shape: Option<&[usize]>, allocator: &Allocator) -> Result<Tensor> {
+        let plans = self.plan_samples(queries, dtype, shape)?;
+        let (out_dtype, sample_shape) = plans.1.clone();
+        let mut full = vec![queries.len()];
+        full.extend_from_slice(&sample_shape);
+        let bytes = numel(&full).and_then(|n| n.checked_mul(out_dtype.size())).ok_or_else(|| Error::invalid("shape", format!("{full:?} overflows")))?;
+        let mut alloc = allocator.allocate(bytes)?;
+        self.run(&plans.0, out_dtype, &sample_shape, &mut alloc, bytes)?;
+        // SAFETY: `run` wrote every element of the `bytes` bytes (samples prefilled where
+        // their selection leaves the array; every other element belongs to exactly one chunk,
+        // written by its task or filled when the chunk is absent).
+        Ok(unsafe { Tensor::from_initialized(Arc::new(alloc), 0, out_dtype, full) })
+    }
+
+    /// Assemble into `alloc` (a pipeline slot); returns the tensor shape.
+    pub(crate) fn assemble_into(&self, queries: &[Query], dtype: DType, shape: &[usize], alloc: &mut Allocation) -> Result<Vec<usize>> {
+        let plans = self.plan_samples(queries, Some(dtype), Some(shape))?;
+        let mut full = vec![queries.len()];
+        full.extend_from_slice(shape);
+        let bytes = numel(&full).and_then(|n| n.checked_mul(dtype.size())).ok_or_else(|| Error::invalid("shape", "overflow"))?;
+        if bytes > alloc.capacity() {
+            return Err(Error::invalid("batch", format!("{bytes} bytes do not fit the {}-byte slot", alloc.capacity())));
+        }
+        self.run(&plans.0, dtype, shape, alloc, bytes)?;
+        Ok(full)
+    }
+
+    /// The whole array at `uri` in one allocation (shape = the array's).
+    pub fn read(&self, uri: &str, level: Option<usize>, dtype: Option<DType>, allocator: &Allocator) -> Result<Tensor> {
+        let meta = self.array(uri, level)?;
+        let sel: Vec<(i64, i64)> = meta.shape.iter().map(|&s| (0, s as i64)).collect();
+        let mut q = Query::crop(uri, &sel);
+        q.level = level;
+        let t = self.gather(std::slice::from_ref(&q), dtype, None, allocator)?;
+        let shape: Vec<usize> = meta.shape.iter().map(|&s| s as usize).collect();
+        t.reshaped(shape)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn plan_samples(&self, queries: &[Query], dtype: Option<DType>, shape: Option<&[usize]>) -> Result<(Vec<SamplePlan>, (DType, Vec<usize>))> {
+        let mut plans = Vec::with_capacity(queries.len());
+        let mut common: Option<(DType, Vec<usize>)> = shape.map(|s| (dtype.unwrap_or(DType::UInt8), s.to_vec()));
+        for (i, q) in queries.iter().enumerate() {
+            let ctx = |e: Error| e.context(format!("sample {i} ('{}')", q.uri));
+            let meta = self.array(&q.uri, q.level).map_err(ctx)?;
+            let positions = q.resolve(&meta.shape).map_err(ctx)?;
+            let sshape: Vec<usize> = positions.iter().map(|p| p.len()).collect();
+            let out_dtype = dtype.unwrap_or(meta.dtype);
+            match &mut common {
+                None => common = Some((out_dtype, sshape.clone())),
+                Some((d, s)) => {
+                    if shape.is_none() && dtype.is_none() && *d != out_dtype {
+                        return Err(ctx(Error::DtypeMismatch { expected: d.to_string(), found: meta.dtype.to_string() }));
+                    }
+                    if dtype.is_some() {
+                        *d = out_dtype;
+                    }
+                    if *s != sshape {
+                        return Err(ctx(Error::ShapeMismatch { expected: format!("sample shape {s:?}"), found: format!("{sshape:?}") }));
+                    }
+                }
+            }
+            if meta.chunk_bytes() > self.limits.max_chunk_bytes as u64 {
+                return Err(ctx(Error::invalid("max_chunk_bytes", format!("a decoded chunk of {:?} {} is {} bytes, more than limits.max_chunk_bytes = {}", meta.read_chunk, meta.dtype, meta.chunk_bytes(), self.limits.max_chunk_bytes))));
+            }
+            let k = kernel(meta.dtype, out_dtype).map_err(ctx)?;
+            let fill_out = convert_one(k, &meta.fill, out_dtype.size());
+            let mut prefill = false;
+            let mut axes = Vec::with_capacity(positions.len());
+            for (d, p) in positions.iter().enumerate() {
+                let (runs, outside) = runs_by_chunk(p, meta.read_chunk[d]);
+                prefill |= outside;
+                axes.push(runs);
+            }
+            plans.push(SamplePlan { meta, axes, kernel: k, fill_out, prefill });
+        }
+        let common = common.ok_or_else(|| Error::invalid("queries", "an empty batch needs a sample shape"))?;
+        Ok((plans, common))
+    }
+
+    fn run(&self, plans: &[SamplePlan], out_dtype: DType, sample_shape: &[usize], alloc: &mut Allocation, bytes: usize) -> Result<()> {
+        let t0 = Instant::now();
+        let sample_numel: usize = sample_shape.iter().product();
+        let sample_bytes = sample_numel * out_dtype.size();
+        let dst_strides = strides(&sample_shape.iter().map(|&s| s as u64).collect::<Vec<_>>());
+        let out = OutPtr(alloc.as_mut_ptr());
+        debug_assert!(sample_bytes * plans.len() <= bytes);
+
+        // Chunk jobs, deduplicated across samples.
+        let mut jobs: Vec<ChunkJob> = Vec::new();
+        let mut job_of: HashMap<(u64, Vec<u64>), usize> = HashMap::new();
+        let mut selected = 0u64;
+        for (s, p) in plans.iter().enumerate() {
+            let inside: u64 = p.axes.iter().map(|a| a.iter().map(|(_, r)| r.iter().map(|r| r.len).sum::<u64>()).sum::<u64>()).product();
+            selected += inside * p.meta.dtype.size() as u64;
+            if p.axes.iter().any(|a| a.is_empty()) {
+                continue;
+            }
+            let nd = p.axes.len();
+            let mut idx = vec![0usize; nd];
+            'combos: loop {
+                let coords: Vec<u64> = (0..nd).map(|d| p.axes[d][idx[d]].0).collect();
+                let key = (p.meta.id, coords);
+                let j = *job_of.entry(key.clone()).or_insert_with(|| {
+                    jobs.push(ChunkJob { meta: p.meta.clone(), coords: key.1.clone(), targets: Vec::new() });
+                    jobs.len() - 1
+                });
+                jobs[j].targets.push((s, idx.clone()));
+                let mut d = nd;
+                loop {
+                    if d == 0 {
+                        break 'combos;
+                    }
+                    d -= 1;
+                    idx[d] += 1;
+                    if idx[d] < p.axes[d].len() {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+        }
+
+        // Reads: unsharded chunks one object each; sharded ones by shard, via the index.
+        let (tasks, fills) = self.read_tasks(&jobs, plans)?;
+
+        // Prefill samples whose selection leaves the array.
+        // SAFETY: each sample's slot is `sample_bytes` inside the allocation; samples are
+        // disjoint; nothing else runs yet.
+        for (s, p) in plans.iter().enumerate() {
+            if p.prefill {
+                let base = unsafe { out.at(s * sample_bytes) };
+                let row: Vec<u8> = p.fill_out.iter().copied().cycle().take(sample_bytes).collect();
+                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), base, sample_bytes) };
+            }
+        }
+
+        let sizes = (out_dtype.size(), sample_bytes);
+        let result: Result<()> = self.install(|| {
+            fills.par_iter().for_each(|&j| {
+                self.counters.chunks_filled.fetch_add(1, Ordering::Relaxed);
+                for (s, idx) in &jobs[j].targets {
+                    let p = &plans[*s];
+                    let runs: Vec<&[Run]> = idx.iter().enumerate().map(|(d, &i)| p.axes[d][i].1.as_slice()).collect();
+                    // SAFETY: the runs of target `s` lie inside its slot; the elements they
+                    // select belong to this chunk alone.
+                    unsafe { fill_runs(&p.fill_out, out.at(s * sizes.1), &dst_strides, &runs) };
+                }
+            });
+            tasks.par_iter().try_for_each(|t| self.run_task(t, &jobs, plans, out, &dst_strides, sizes))
+        });
+        result?;
+        let c = &self.counters;
+        c.samples.fetch_add(plans.len() as u64, Ordering::Relaxed);
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.selected_bytes.fetch_add(selected, Ordering::Relaxed);
+        c.output_bytes.fetch_add((sample_bytes * plans.len()) as u64, Ordering::Relaxed);
+        c.assemble_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read_tasks(&self, jobs: &[ChunkJob], plans: &[SamplePlan]) -> Result<(Vec<ReadTask>, Vec<usize>)> {
+        let mut tasks = Vec::new();
+        let mut fills = Vec::new();
+        let mut shards: HashMap<(u64, Vec<u64>), Vec<usize>> = HashMap::new();
+        for (j, job) in jobs.iter().enumerate() {
+            match &job.meta.layout {
+                Layout::Chunked { .. } => tasks.push(ReadTask { location: job.meta.object(&job.coords), range: None, chunks: vec![(j, 0, 0)] }),
+                Layout::Sharded { per_shard, .. } => {
+                    let shard: Vec<u64> = job.coords.iter().zip(per_shard).map(|(c, p)| c / p).collect();
+                    shards.entry((job.meta.id, shard)).or_default().push(j);
+                }
+            }
+        }
+        if shards.is_empty() {
+            return Ok((tasks, fills));
+        }
+        // Shard indexes: cached ones first, the rest read in parallel.
+        let mut keys: Vec<(u64, Vec<u64>)> = shards.keys().cloned().collect();
+        keys.sort();
+        let mut found: HashMap<(u64, Vec<u64>), Arc<ShardIndex>> = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let mut cache = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+            for k in &keys {
+                match cache.get(k) {
+                    Some(ix) => {
+                        self.counters.index_hits.fetch_add(1, Ordering::Relaxed);
+                        found.insert(k.clone(), ix.clone());
+                    }
+                    None => missing.push(k.clone()),
+                }
+            }
+        }
+        self.counters.index_misses.fetch_add(missing.len() as u64, Ordering::Relaxed);
+        let loaded: Vec<Result<((u64, Vec<u64>), Arc<ShardIndex>)>> = self.install(|| {
+            missing
+                .par_iter()
+                .map(|k| {
+                    let j = shards[k][0];
+                    let ix = self.load_index(&jobs[j].meta, &k.1).map_err(|e| e.context(format!("sample {} ('{}')", jobs[j].targets[0].0, plans[jobs[j].targets[0].0].meta.uri)))?;
+                    Ok((k.clone(), Arc::new(ix)))
+                })
+                .collect()
+        });
+        {
+            let mut cache = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+            for r in loaded {
+                let (k, ix) = r?;
+                cache.put(k.clone(), ix.clone());
+                found.insert(k, ix);
+            }
+        }
+        for k in keys {
+            let members = &shards[&k];
+            let meta = &jobs[members[0]].meta;
+            let Layout::Sharded { per_shard, .. } = &meta.layout else { continue };
+            let ix = &found[&k];
+            let Some(entries) = &ix.entries else {
+                fills.extend_from_slice(members);
+                continue;
+            };
+            let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+            for &j in members {
+                let mut flat = 0u64;
+                for (d, c) in jobs[j].coords.iter().enumerate() {
+                    flat = flat * per_shard[d] + c % per_shard[d];
+                }
+                let (off, n) = (entries[2 * flat as usize], entries[2 * flat as usize + 1]);
+                if off == u64::MAX && n == u64::MAX {
+                    fills.push(j);
+                } else {
+                    if n > self.limits.max_read_bytes as u64 {
+                        return Err(Error::invalid("max_read_bytes", format!("'{}': inner chunk {:?} is {n} encoded bytes, more than limits.max_read_bytes = {}", meta.uri, jobs[j].coords, self.limits.max_read_bytes)));
+                    }
+                    ranges.push((off, n, j));
+                }
+            }
+            ranges.sort_unstable();
+            let location = meta.object(&k.1);
+            let mut cur: Option<ReadTask> = None;
+            for (off, n, j) in ranges {
+                if let Some(t) = &mut cur {
+                    let (start, len) = t.range.unwrap_or((0, 0));
+                    if off == start + len && len + n <= self.limits.max_read_bytes as u64 {
+                        t.chunks.push((j, off - start, n));
+                        t.range = Some((start, len + n));
+                        continue;
+                    }
+                    tasks.push(cur.take().expect("checked"));
+                }
+                cur = Some(ReadTask { location: location.clone(), range: Some((off, n)), chunks: vec![(j, 0, n)] });
+            }
+            if let Some(t) = cur {
+                tasks.push(t);
+            }
+        }
+        Ok((tasks, fills))
+    }
+
+    fn load_index(&self, meta: &ArrayMeta, shard: &[u64]) -> Result<ShardIndex> {
+        let Layout::Sharded { per_shard, index, index_at_start, index_size, .. } = &meta.layout else {
+            return Err(Error::invalid("layout", "not sharded"));
+        };
+        let loc = meta.object(shard);
+        let path = loc.path();
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ShardIndex { entries: None }),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len < *index_size {
+            return Err(Error::corrupt(path, format!("shard of {len} bytes is shorter than its {index_size}-byte index")));
+        }
+        let at = if *index_at_start { 0 } else { len - index_size };
+        let mut buf = vec![0u8; *index_size as usize];
+        let t0 = Instant::now();
+        file.read_exact_at(&mut buf, at).map_err(|e| Error::io(path, e))?;
+        self.counters.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_read.fetch_add(*index_size, Ordering::Relaxed);
+        let shape = index_shape(per_shard)?;
+        let decoded = index
+            .decode(Cow::Borrowed(&buf), &shape, &zarrs::array::data_type::uint64(), &FillValue::from(u64::MAX), &self.options)
+            .and_then(|b| b.into_fixed().map_err(|e| zarrs::array::CodecError::Other(e.to_string())))
+            .map_err(|e| Error::corrupt(path, format!("shard index: {e}")))?;
+        let entries: Vec<u64> = decoded.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        // Every present entry must lie inside the shard's data region.
+        let (lo, hi) = if *index_at_start { (*index_size, len) } else { (0, len - index_size) };
+        for (i, e) in entries.chunks_exact(2).enumerate() {
+            let (off, n) = (e[0], e[1]);
+            if off == u64::MAX && n == u64::MAX {
+                continue;
+            }
+            if off < lo || off.checked_add(n).is_none_or(|end| end > hi) {
+                return Err(Error::corrupt(path, format!("shard index entry {i} ({off}, {n}) lies outside the shard's data ({lo}..{hi})")));
+            }
+        }
+        Ok(ShardIndex { entries: Some(entries) })
+    }
+
+    fn run_task(&self, t: &ReadTask, jobs: &[ChunkJob], plans: &[SamplePlan], out: OutPtr, dst_strides: &[u64], sizes: (usize, usize)) -> Result<()> {
+        let path = t.location.path();
+        let t0 = Instant::now();
+        let buf = match t.range {
+            None => match std::fs::File::open(path) {
+                Ok(f) => {
+                    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+                    if len > self.limits.max_read_bytes as u64 {
+                        let meta = &jobs[t.chunks[0].0].meta;
+                        return Err(Error::invalid("max_read_bytes", format!("'{}': chunk file {} is {len} bytes, more than limits.max_read_bytes = {}", meta.uri, path.display(), self.limits.max_read_bytes)));
+                    }
+                    let mut b = vec![0u8; len as usize];
+                    f.read_exact_at(&mut b, 0).map_err(|e| Error::io(path, e))?;
+                    Some(b)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(Error::io(path, e)),
+            },
+            Some((off, n)) => {
+                let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+                let mut b = vec![0u8; n as usize];
+                f.read_exact_at(&mut b, off).map_err(|e| Error::io(path, e))?;
+                Some(b)
+            }
+        };
+        self.counters.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let Some(buf) = buf else {
+            // A missing chunk file: the fill value.
+            for &(j, _, _) in &t.chunks {
+                self.counters.chunks_filled.fetch_add(1, Ordering::Relaxed);
+                for (s, idx) in &jobs[j].targets {
+                    let p = &plans[*s];
+                    let runs: Vec<&[Run]> = idx.iter().enumerate().map(|(d, &i)| p.axes[d][i].1.as_slice()).collect();
+                    // SAFETY: as in `run`: the runs lie in sample `s`'s slot, this chunk's alone.
+                    unsafe { fill_runs(&p.fill_out, out.at(s * sizes.1), dst_strides, &runs) };
+                }
+            }
+            return Ok(());
+        };
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        for &(j, off, n) in &t.chunks {
+            let job = &jobs[j];
+            let meta = &job.meta;
+            let encoded = if t.range.is_none() { &buf[..] } else { &buf[off as usize..(off + n) as usize] };
+            let t1 = Instant::now();
+            let codecs = match &meta.layout {
+                Layout::Chunked { codecs } => codecs,
+                Layout::Sharded { inner, .. } => inner,
+            };
+            let arr = meta.zarrs_array();
+            let shape = meta.chunk_shape_nz();
+            let decoded = codecs
+                .decode(Cow::Borrowed(encoded), &shape, arr.data_type(), arr.fill_value(), &self.options)
+                .and_then(|b| b.into_fixed().map_err(|e| zarrs::array::CodecError::Other(e.to_string())))
+                .map_err(|e| {
+                    let s = job.targets[0].0;
+                    Error::Codec { path: path.to_path_buf(), reason: format!("chunk {:?} of '{}' (sample {s}): {e}", job.coords, meta.uri) }
+                })?;
+            if decoded.len() as u64 != meta.chunk_bytes() {
+                return Err(Error::Codec { path: path.to_path_buf(), reason: format!("chunk {:?} decoded to {} bytes, expected {}", job.coords, decoded.len(), meta.chunk_bytes()) });
+            }
+            self.counters.decode_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.counters.chunks_decoded.fetch_add(1, Ordering::Relaxed);
+            let src_strides = strides(&meta.read_chunk);
+            for (s, idx) in &job.targets {
+                let p = &plans[*s];
+                let runs: Vec<&[Run]> = idx.iter().enumerate().map(|(d, &i)| p.axes[d][i].1.as_slice()).collect();
+                // SAFETY: the runs lie inside the decoded chunk (offsets < chunk shape) and
+                // inside sample `s`'s slot; the elements they select are this chunk's alone.
+                unsafe { scatter(p.kernel, decoded.as_ptr(), meta.dtype.size(), &src_strides, out.at(s * sizes.1), sizes.0, dst_strides, &runs) };
+            }
+        }
+        Ok(())
+    }
+}
