@@ -316,7 +316,10 @@ class Pipeline:
     def push(self, samples: Iterable[Any]) -> None:
         if isinstance(samples, (Sample, IndexQuery)):
             samples = [samples]
-        self._p.push(map(_query, samples))
+        if isinstance(samples, (list, tuple)):
+            self._p.push([_query(q) for q in samples])  # finite: checked now
+        else:
+            self._p.push(map(_query, samples))  # pulled lazily; a bad item becomes the pipeline's error
 
     def finish(self) -> None:
         self._p.finish()

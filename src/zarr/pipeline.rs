@@ -224,7 +224,11 @@ impl Pipeline {
     /// Tell the pipeline a popped batch was released (wakes the worker at once instead of at
     /// its next poll).
     pub fn notify_released(&self) {
-        self.shared.lock().released += 1;
+        let mut st = self.shared.lock();
+        st.released += 1;
+        // The worker re-marks itself starved if the freed slot is still shared elsewhere.
+        st.starved_since = None;
+        drop(st);
         self.shared.cv.notify_all();
     }
 

@@ -379,11 +379,16 @@ def test_partial_tail_needs_finish_and_unreleased_slots_are_reported(tmp_path):
     _v3(p, data, (2, 2), compressors=None)
     s = zz.Sample(p, [(0, 2), (0, 2)])
     with zz.Pipeline(zz.BatchSpec(2, (2, 2), "uint8"), limits=SMALL, queues=zz.QueueLimits(prepared_batches=1)) as pl:
-        pl.push([s, s, s])
+        pl.push([s, s, s, s])
         b = pl.pop(timeout=30)
         with pytest.raises(ValueError, match="slots are held"):
             pl.pop(timeout=30)
         b.release()
+        with pytest.raises(ValueError, match="released"):
+            np.from_dlpack(b)
+        with pl.pop(timeout=30) as b2:
+            assert b2.index == 1
+        pl.push([s])
         with pytest.raises(ValueError, match="fewer than a batch"):
             pl.pop(timeout=30)
         pl.finish()
