@@ -38,6 +38,7 @@ __all__ = [
     "read",
     "gather",
     "info",
+    "reader",
 ]
 
 _DTYPES = {"same": None, "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
@@ -210,10 +211,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class CacheLimits:
-    """Bounded LRU caches: opened arrays and shard indexes."""
+    """Bounded LRU caches: opened arrays, shard indexes, and decoded chunks kept across batches
+    (``chunk_cache_bytes``, 0 = off; it counts toward the pipeline's memory budget)."""
 
     array_entries: int = 256
     shard_index_entries: int = 8192
+    chunk_cache_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,7 @@ def _limits(limits: Limits | None, cache: CacheLimits | None) -> dict:
     if limits is not None:
         d.update(decode_workers=limits.decode_workers, max_read_bytes=limits.max_read_bytes, max_chunk_bytes=limits.max_chunk_bytes, max_memory_bytes=limits.max_memory_bytes)
     if cache is not None:
-        d.update(array_entries=cache.array_entries, shard_index_entries=cache.shard_index_entries)
+        d.update(array_entries=cache.array_entries, shard_index_entries=cache.shard_index_entries, chunk_cache_bytes=cache.chunk_cache_bytes)
     return d
 
 
@@ -362,6 +365,31 @@ class Pipeline:
 
 
 _reader: Any = None
+
+
+def reader(limits: Limits | None = None, cache: CacheLimits | None = None) -> Any:
+    """A reader with its own limits and caches: ``.read(uri)``, ``.gather(queries)``,
+    ``.info(uri)``, ``.stats()`` (module-level ``read`` / ``gather`` share a default one)."""
+    return _Reader(_ZarrReader(_limits(limits, cache)))
+
+
+class _Reader:
+    __slots__ = ("_r",)
+
+    def __init__(self, r: Any) -> None:
+        self._r = r
+
+    def read(self, uri: Any, level: int | None = None, dtype: Any = "same", allocator: Any = None) -> Any:
+        return self._r.read(_uri(uri), level, _dtype(dtype), allocator)
+
+    def gather(self, queries: Iterable[Any], dtype: Any = "same", allocator: Any = None) -> Any:
+        return self._r.gather([_query(q) for q in queries], _dtype(dtype), allocator)
+
+    def info(self, uri: Any, level: int | None = None) -> dict:
+        return self._r.info(_uri(uri), level)
+
+    def stats(self) -> dict:
+        return self._r.stats()
 
 
 def _default_reader() -> Any:

@@ -79,6 +79,7 @@ fn limits_of(d: Option<&Bound<'_, PyDict>>) -> PyResult<(Limits, CacheLimits)> {
                 "max_memory_bytes" => l.max_memory_bytes = v.extract()?,
                 "array_entries" => c.array_entries = v.extract()?,
                 "shard_index_entries" => c.shard_index_entries = v.extract()?,
+                "chunk_cache_bytes" => c.chunk_bytes = v.extract()?,
                 other => return Err(PyTypeError::new_err(format!("unknown limit '{other}'"))),
             }
         }
@@ -104,6 +105,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("array_cache_misses", s.array_cache_misses)?;
     d.set_item("index_cache_hits", s.index_cache_hits)?;
     d.set_item("index_cache_misses", s.index_cache_misses)?;
+    d.set_item("chunk_cache_hits", s.chunk_cache_hits)?;
     Ok(d)
 }
 

@@ -18,7 +18,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::{Allocation, Allocator, Tensor};
 use crate::zarr::cast::{convert_one, fill_runs, kernel, scatter, strides, Kernel, OutPtr};
-use crate::zarr::meta::{index_shape, ArrayMeta, Layout, Location};
+use crate::zarr::meta::{index_shape, ArrayMeta, FastDecode, Layout, Location};
 use crate::zarr::query::{runs_by_chunk, Query, Run};
 
 fn numel(shape: &[usize]) -> Option<usize> {
@@ -32,12 +32,66 @@ pub struct CacheLimits {
     pub array_entries: usize,
     /// Shard indexes kept.
     pub shard_index_entries: usize,
+    /// Bytes of decoded chunks kept across batches (0: none). Counts toward a pipeline's
+    /// memory budget.
+    pub chunk_bytes: usize,
 }
 
 impl Default for CacheLimits {
     fn default() -> Self {
-        CacheLimits { array_entries: 256, shard_index_entries: 8192 }
+        CacheLimits { array_entries: 256, shard_index_entries: 8192, chunk_bytes: 0 }
     }
+}
+
+/// Decoded chunks by (array, chunk), bounded in bytes.
+struct ChunkCache {
+    lru: LruCache<(u64, Vec<u64>), Arc<Vec<u8>>>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl ChunkCache {
+    fn get(&mut self, k: &(u64, Vec<u64>)) -> Option<Arc<Vec<u8>>> {
+        self.lru.get(k).cloned()
+    }
+
+    fn put(&mut self, k: (u64, Vec<u64>), v: Arc<Vec<u8>>) {
+        if v.len() > self.limit {
+            return;
+        }
+        self.bytes += v.len();
+        if let Some(old) = self.lru.put(k, v) {
+            self.bytes -= old.len();
+        }
+        while self.bytes > self.limit {
+            match self.lru.pop_lru() {
+                Some((_, old)) => self.bytes -= old.len(),
+                None => break,
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// One zstd decompression context per worker thread, reused for every chunk.
+    static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Decode one zstd frame of exactly `size` bytes with this thread's context.
+fn zstd_decode(src: &[u8], size: usize) -> std::io::Result<Vec<u8>> {
+    ZSTD.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(zstd::bulk::Decompressor::new()?);
+        }
+        let d = slot.as_mut().ok_or_else(|| std::io::Error::other("zstd context"))?;
+        let mut out = Vec::with_capacity(size);
+        let n = d.decompress_to_buffer(src, &mut out)?;
+        if n != size {
+            return Err(std::io::Error::other(format!("zstd frame decoded to {n} bytes, expected {size}")));
+        }
+        Ok(out)
+    })
 }
 
 /// Executor limits.
@@ -104,6 +158,7 @@ struct Counters {
     array_misses: AtomicU64,
     index_hits: AtomicU64,
     index_misses: AtomicU64,
+    chunk_hits: AtomicU64,
 }
 
 /// Per-stage statistics.
@@ -139,6 +194,8 @@ pub struct Stats {
     pub index_cache_hits: u64,
     /// Shard index cache misses.
     pub index_cache_misses: u64,
+    /// Chunks taken from the decoded-chunk cache.
+    pub chunk_cache_hits: u64,
 }
 
 impl Stats {
@@ -168,6 +225,7 @@ pub struct Assembler {
     pool: Option<rayon::ThreadPool>,
     counters: Counters,
     options: CodecOptions,
+    chunks: Option<Mutex<ChunkCache>>,
 }
 
 impl std::fmt::Debug for Assembler {
@@ -226,6 +284,7 @@ impl Assembler {
             pool,
             counters: Counters::default(),
             options: CodecOptions::default().with_concurrent_target(1),
+            chunks: (cache.chunk_bytes > 0).then(|| Mutex::new(ChunkCache { lru: LruCache::unbounded(), bytes: 0, limit: cache.chunk_bytes })),
         })
     }
 
@@ -267,6 +326,7 @@ impl Assembler {
             array_cache_misses: g(&c.array_misses),
             index_cache_hits: g(&c.index_hits),
             index_cache_misses: g(&c.index_misses),
+            chunk_cache_hits: g(&c.chunk_hits),
         }
     }
 
@@ -403,8 +463,24 @@ impl Assembler {
             }
         }
 
-        // Reads: unsharded chunks one object each; sharded ones by shard, via the index.
-        let (tasks, fills) = self.read_tasks(&jobs, plans)?;
+        // Chunks already decoded (cache), then reads: unsharded chunks one object each;
+        // sharded ones by shard, via the index.
+        let mut cached: Vec<(usize, Arc<Vec<u8>>)> = Vec::new();
+        let mut todo: Vec<usize> = Vec::with_capacity(jobs.len());
+        match &self.chunks {
+            Some(c) => {
+                let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
+                for (j, job) in jobs.iter().enumerate() {
+                    match c.get(&(job.meta.id, job.coords.clone())) {
+                        Some(b) => cached.push((j, b)),
+                        None => todo.push(j),
+                    }
+                }
+                self.counters.chunk_hits.fetch_add(cached.len() as u64, Ordering::Relaxed);
+            }
+            None => todo.extend(0..jobs.len()),
+        }
+        let (tasks, fills) = self.read_tasks(&jobs, &todo, plans)?;
 
         // Prefill samples whose selection leaves the array.
         // SAFETY: each sample's slot is `sample_bytes` inside the allocation; samples are
@@ -429,6 +505,7 @@ impl Assembler {
                     unsafe { fill_runs(&p.fill_out, out.at(s * sizes.1), &dst_strides, &runs) };
                 }
             });
+            cached.par_iter().for_each(|(j, b)| self.scatter_chunk(&jobs[*j], b, plans, out, &dst_strides, sizes));
             tasks.par_iter().try_for_each(|t| self.run_task(t, &jobs, plans, out, &dst_strides, sizes))
         });
         result?;
@@ -441,11 +518,12 @@ impl Assembler {
         Ok(())
     }
 
-    fn read_tasks(&self, jobs: &[ChunkJob], plans: &[SamplePlan]) -> Result<(Vec<ReadTask>, Vec<usize>)> {
+    fn read_tasks(&self, jobs: &[ChunkJob], todo: &[usize], plans: &[SamplePlan]) -> Result<(Vec<ReadTask>, Vec<usize>)> {
         let mut tasks = Vec::new();
         let mut fills = Vec::new();
         let mut shards: HashMap<(u64, Vec<u64>), Vec<usize>> = HashMap::new();
-        for (j, job) in jobs.iter().enumerate() {
+        for &j in todo {
+            let job = &jobs[j];
             match &job.meta.layout {
                 Layout::Chunked { .. } => tasks.push(ReadTask { location: job.meta.object(&job.coords), range: None, chunks: vec![(j, 0, 0)] }),
                 Layout::Sharded { per_shard, .. } => {
@@ -582,6 +660,21 @@ impl Assembler {
         Ok(ShardIndex { entries: Some(entries) })
     }
 
+    /// Write one decoded chunk's selected voxels into every slot that wants them.
+    fn scatter_chunk(&self, job: &ChunkJob, decoded: &[u8], plans: &[SamplePlan], out: OutPtr, dst_strides: &[u64], sizes: (usize, usize)) {
+        let meta = &job.meta;
+        debug_assert_eq!(decoded.len() as u64, meta.chunk_bytes());
+        let src_strides = strides(&meta.read_chunk);
+        for (s, idx) in &job.targets {
+            let p = &plans[*s];
+            let runs: Vec<&[Run]> = idx.iter().enumerate().map(|(d, &i)| p.axes[d][i].1.as_slice()).collect();
+            // SAFETY: `decoded` holds the whole chunk (checked by the decoders), the runs lie
+            // inside it (offsets < chunk shape) and inside sample `s`'s slot; the elements they
+            // select are this chunk's alone.
+            unsafe { scatter(p.kernel, decoded.as_ptr(), meta.dtype.size(), &src_strides, out.at(s * sizes.1), sizes.0, dst_strides, &runs) };
+        }
+    }
+
     fn run_task(&self, t: &ReadTask, jobs: &[ChunkJob], plans: &[SamplePlan], out: OutPtr, dst_strides: &[u64], sizes: (usize, usize)) -> Result<()> {
         let path = t.location.path();
         let t0 = Instant::now();
@@ -628,31 +721,45 @@ impl Assembler {
             let meta = &job.meta;
             let encoded = if t.range.is_none() { &buf[..] } else { &buf[off as usize..(off + n) as usize] };
             let t1 = Instant::now();
-            let codecs = match &meta.layout {
-                Layout::Chunked { codecs } => codecs,
-                Layout::Sharded { inner, .. } => inner,
+            let size = meta.chunk_bytes() as usize;
+            let codec_err = |e: String| {
+                let s = job.targets[0].0;
+                Error::Codec { path: path.to_path_buf(), reason: format!("chunk {:?} of '{}' (sample {s}): {e}", job.coords, meta.uri) }
             };
-            let arr = meta.zarrs_array();
-            let shape = meta.chunk_shape_nz();
-            let decoded = codecs
-                .decode(Cow::Borrowed(encoded), &shape, arr.data_type(), arr.fill_value(), &self.options)
-                .and_then(|b| b.into_fixed().map_err(|e| zarrs::array::CodecError::Other(e.to_string())))
-                .map_err(|e| {
-                    let s = job.targets[0].0;
-                    Error::Codec { path: path.to_path_buf(), reason: format!("chunk {:?} of '{}' (sample {s}): {e}", job.coords, meta.uri) }
-                })?;
-            if decoded.len() as u64 != meta.chunk_bytes() {
-                return Err(Error::Codec { path: path.to_path_buf(), reason: format!("chunk {:?} decoded to {} bytes, expected {}", job.coords, decoded.len(), meta.chunk_bytes()) });
-            }
+            let decoded: Cow<'_, [u8]> = match meta.fast {
+                FastDecode::Raw => {
+                    if encoded.len() != size {
+                        return Err(codec_err(format!("{} stored bytes for a raw chunk of {size}", encoded.len())));
+                    }
+                    Cow::Borrowed(encoded)
+                }
+                FastDecode::Zstd => Cow::Owned(zstd_decode(encoded, size).map_err(|e| codec_err(e.to_string()))?),
+                FastDecode::None => {
+                    let codecs = match &meta.layout {
+                        Layout::Chunked { codecs } => codecs,
+                        Layout::Sharded { inner, .. } => inner,
+                    };
+                    let arr = meta.zarrs_array();
+                    let shape = meta.chunk_shape_nz();
+                    let d = codecs
+                        .decode(Cow::Borrowed(encoded), &shape, arr.data_type(), arr.fill_value(), &self.options)
+                        .and_then(|b| b.into_fixed().map_err(|e| zarrs::array::CodecError::Other(e.to_string())))
+                        .map_err(|e| codec_err(e.to_string()))?;
+                    if d.len() != size {
+                        return Err(codec_err(format!("decoded to {} bytes, expected {size}", d.len())));
+                    }
+                    Cow::Owned(d.into_owned())
+                }
+            };
             self.counters.decode_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
             self.counters.chunks_decoded.fetch_add(1, Ordering::Relaxed);
-            let src_strides = strides(&meta.read_chunk);
-            for (s, idx) in &job.targets {
-                let p = &plans[*s];
-                let runs: Vec<&[Run]> = idx.iter().enumerate().map(|(d, &i)| p.axes[d][i].1.as_slice()).collect();
-                // SAFETY: the runs lie inside the decoded chunk (offsets < chunk shape) and
-                // inside sample `s`'s slot; the elements they select are this chunk's alone.
-                unsafe { scatter(p.kernel, decoded.as_ptr(), meta.dtype.size(), &src_strides, out.at(s * sizes.1), sizes.0, dst_strides, &runs) };
+            match &self.chunks {
+                Some(c) => {
+                    let arc = Arc::new(decoded.into_owned());
+                    self.scatter_chunk(job, &arc, plans, out, dst_strides, sizes);
+                    c.lock().unwrap_or_else(|p| p.into_inner()).put((meta.id, job.coords.clone()), arc);
+                }
+                None => self.scatter_chunk(job, &decoded, plans, out, dst_strides, sizes),
             }
         }
         Ok(())

@@ -96,6 +96,35 @@ pub enum Layout {
     },
 }
 
+/// A decode path that skips the generic codec chain for the commonest layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastDecode {
+    /// Use the codec chain.
+    None,
+    /// `bytes` in native order only: the stored bytes are the chunk.
+    Raw,
+    /// `bytes` in native order + `zstd`: one zstd frame, decoded with a reused context.
+    Zstd,
+}
+
+/// The fast path for a chain, from its metadata.
+fn fast_decode(chain: &CodecChain, dtype: DType) -> FastDecode {
+    let metas = chain.create_metadatas(&zarrs::array::CodecMetadataOptions::default());
+    let native = if cfg!(target_endian = "little") { "little" } else { "big" };
+    let bytes_ok = |m: &MetadataV3| {
+        m.name() == "bytes"
+            && match m.configuration().and_then(|c| c.get("endian")).and_then(|e| e.as_str()) {
+                Some(e) => e == native || dtype.size() == 1,
+                None => dtype.size() == 1,
+            }
+    };
+    match metas.as_slice() {
+        [b] if bytes_ok(b) => FastDecode::Raw,
+        [b, z] if bytes_ok(b) && z.name() == "zstd" && z.configuration().and_then(|c| c.get("checksum")).and_then(|v| v.as_bool()) != Some(true) => FastDecode::Zstd,
+        _ => FastDecode::None,
+    }
+}
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// One opened Zarr array.
@@ -118,6 +147,8 @@ pub struct ArrayMeta {
     pub read_chunk: Vec<u64>,
     /// Storage layout.
     pub layout: Layout,
+    /// The read chunk's fast decode path.
+    pub fast: FastDecode,
     /// For chunk keys (the metadata's chunk grid: chunks, or shards when sharded).
     keys: Array<()>,
 }
@@ -272,7 +303,11 @@ impl ArrayMeta {
             _ => (Layout::Chunked { codecs: keys.codecs() }, grid_shape),
         };
         let (layout, read_chunk) = layout;
-        Ok(ArrayMeta { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), uri: uri.to_string(), location, zarr_format, shape, dtype, fill, read_chunk, layout, keys })
+        let fast = match &layout {
+            Layout::Chunked { codecs } => fast_decode(codecs, dtype),
+            Layout::Sharded { inner, .. } => fast_decode(inner, dtype),
+        };
+        Ok(ArrayMeta { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), uri: uri.to_string(), location, zarr_format, shape, dtype, fill, read_chunk, layout, fast, keys })
     }
 
     /// True when the array is sharded.

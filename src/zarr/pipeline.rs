@@ -123,14 +123,19 @@ impl Pipeline {
             return Err(Error::invalid("lookahead_samples", format!("{} is more than 16777216", queues.lookahead_samples)));
         }
         let batch = spec.batch_bytes()?;
-        let need = batch.checked_mul(queues.prepared_batches).and_then(|b| b.checked_add(limits.scratch_bytes())).unwrap_or(usize::MAX);
+        let need = batch
+            .checked_mul(queues.prepared_batches)
+            .and_then(|b| b.checked_add(limits.scratch_bytes()))
+            .and_then(|b| b.checked_add(cache.chunk_bytes))
+            .unwrap_or(usize::MAX);
         if need > limits.max_memory_bytes {
             return Err(Error::MemoryLimit { bytes: need, live: 0, max_bytes: limits.max_memory_bytes }.context(format!(
-                "pipeline budget: {} output slot(s) of {batch} bytes + {} workers x ({} read + {} decode) bytes",
+                "pipeline budget: {} output slot(s) of {batch} bytes + {} workers x ({} read + {} decode) bytes + {} bytes of chunk cache",
                 queues.prepared_batches,
                 limits.workers(),
                 limits.max_read_bytes,
-                limits.max_chunk_bytes
+                limits.max_chunk_bytes,
+                cache.chunk_bytes
             )));
         }
         let assembler = Arc::new(Assembler::new(limits, cache)?);

@@ -446,3 +446,21 @@ def test_crop_source_in_loader_and_sql(tmp_path):
     np.testing.assert_array_equal(t.column("crop").combine_chunks().to_numpy_ndarray()[0], a)
     with pytest.raises(ValueError, match="does not fit"):
         zz.CropSource(p, shape=(9, 8, 8), count=1)
+
+
+def test_chunk_cache_serves_repeat_batches(tmp_path):
+    data = _data((8, 16, 16), "uint16")
+    p = str(tmp_path / "a")
+    _v3(p, data, (4, 8, 8), shards=(8, 16, 16), compressors=[ZstdCodec(level=1)])
+    r = zz.reader(limits=zz.Limits(decode_workers=2), cache=zz.CacheLimits(chunk_cache_bytes=1 << 20))
+    crops = [zz.Sample(p, [(2, 6), (3, 11), (5, 13)]), zz.Sample(p, [(-1, 3), (12, 20), (0, 8)])]
+    first = np.from_dlpack(r.gather(crops)).copy()
+    decoded = r.stats()["chunks_decoded"]
+    second = np.from_dlpack(r.gather(crops))
+    np.testing.assert_array_equal(first, second)
+    for k, c in enumerate(crops):
+        np.testing.assert_array_equal(second[k], _crop_ref(data, c.aabb, 0))
+    st = r.stats()
+    assert st["chunks_decoded"] == decoded and st["chunk_cache_hits"] >= decoded
+    with pytest.raises(MemoryError, match="chunk cache"):
+        zz.Pipeline(zz.BatchSpec(1, (4,), "uint8"), limits=zz.Limits(decode_workers=1, max_read_bytes=1 << 10, max_chunk_bytes=1 << 10, max_memory_bytes=1 << 20), cache=zz.CacheLimits(chunk_cache_bytes=1 << 21))
