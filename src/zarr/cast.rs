@@ -165,13 +165,16 @@ impl OutPtr {
 /// Copy the selected voxels of one decoded chunk into a sample slot.
 ///
 /// `src` is the chunk in C order with element strides `src_strides`; `dst` the slot (output
-/// type) with element strides `dst_strides`; `runs[d]` the runs along axis `d`.
+/// type) with element strides `dst_strides`; `runs[d]` the runs along axis `d`. `copy` is the
+/// element size when the kernel is a plain copy (the innermost runs are then `memcpy`s).
 ///
 /// # Safety
 /// Every run must lie inside the chunk and the slot; `dst` must be valid for writes of the
 /// slot's elements and not be read or written elsewhere at the same elements.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn scatter(
     k: Kernel,
+    copy: Option<usize>,
     src: *const u8,
     src_size: usize,
     src_strides: &[u64],
@@ -180,51 +183,47 @@ pub(crate) unsafe fn scatter(
     dst_strides: &[u64],
     runs: &[&[Run]],
 ) {
-    let nd = runs.len();
-    if nd == 0 {
+    if runs.is_empty() {
         // SAFETY: a 0-d array: one element each side.
         unsafe { k(src, dst, 1) };
         return;
     }
-    // Odometer over every outer position (axes 0..nd-1, each run expanded), innermost axis as
-    // whole runs.
-    let last = nd - 1;
-    let mut stack: Vec<(usize, u64)> = vec![(0, 0); last]; // (run index, offset in run) per outer axis
-    loop {
-        let mut so = 0u64;
-        let mut dof = 0u64;
-        for d in 0..last {
-            let (ri, off) = stack[d];
-            let r = runs[d][ri];
-            so += (r.src + off) * src_strides[d];
-            dof += (r.dst + off) * dst_strides[d];
+    let w = Walk { k, copy, src_size, dst_size, src_strides, dst_strides, runs };
+    // SAFETY: forwarded from the caller.
+    unsafe { w.walk(0, src, dst) }
+}
+
+struct Walk<'a> {
+    k: Kernel,
+    copy: Option<usize>,
+    src_size: usize,
+    dst_size: usize,
+    src_strides: &'a [u64],
+    dst_strides: &'a [u64],
+    runs: &'a [&'a [Run]],
+}
+
+impl Walk<'_> {
+    /// Axis `d` onwards, from element addresses `src` / `dst` of the outer position.
+    unsafe fn walk(&self, d: usize, src: *const u8, dst: *mut u8) {
+        let (ss, ds) = (self.src_strides[d] as usize * self.src_size, self.dst_strides[d] as usize * self.dst_size);
+        if d + 1 == self.runs.len() {
+            for r in self.runs[d] {
+                // SAFETY: the caller's contract: each run lies inside both buffers.
+                unsafe {
+                    let (s, t) = (src.add(r.src as usize * ss), dst.add(r.dst as usize * ds));
+                    match self.copy {
+                        Some(size) => std::ptr::copy_nonoverlapping(s, t, r.len as usize * size),
+                        None => (self.k)(s, t, r.len as usize),
+                    }
+                }
+            }
+            return;
         }
-        for r in runs[last] {
-            let s = (so + r.src * src_strides[last]) as usize * src_size;
-            let t = (dof + r.dst * dst_strides[last]) as usize * dst_size;
-            // SAFETY: the caller guarantees the runs lie inside both buffers.
-            unsafe { k(src.add(s), dst.add(t), r.len as usize) };
-        }
-        // Advance the odometer.
-        let mut d = last;
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
-            let (ri, off) = &mut stack[d];
-            *off += 1;
-            if *off < runs[d][*ri].len {
-                break;
-            }
-            *off = 0;
-            *ri += 1;
-            if *ri < runs[d].len() {
-                break;
-            }
-            *ri = 0;
-            if d == 0 {
-                return;
+        for r in self.runs[d] {
+            for i in 0..r.len as usize {
+                // SAFETY: as above, for the outer axes' positions.
+                unsafe { self.walk(d + 1, src.add((r.src as usize + i) * ss), dst.add((r.dst as usize + i) * ds)) };
             }
         }
     }
@@ -257,7 +256,7 @@ pub(crate) unsafe fn fill_runs(fill: &[u8], dst: *mut u8, dst_strides: &[u64], r
     let refs: Vec<&[Run]> = rebased.iter().map(|v| v.as_slice()).collect();
     // SAFETY: `row` holds `longest` elements, the most any innermost run reads from offset 0
     // with zero strides; the destination contract is the caller's.
-    unsafe { scatter(k, row.as_ptr(), size, &zero_strides, dst, size, dst_strides, &refs) };
+    unsafe { scatter(k, Some(size), row.as_ptr(), size, &zero_strides, dst, size, dst_strides, &refs) };
 }
 
 /// C-order element strides of `shape`.
@@ -303,7 +302,7 @@ mod tests {
         let rows = [Run { src: 2, dst: 0, len: 1 }, Run { src: 0, dst: 1, len: 1 }];
         let cols = [Run { src: 1, dst: 0, len: 2 }, Run { src: 3, dst: 2, len: 1 }];
         let k = kernel(DType::UInt8, DType::UInt8).unwrap();
-        unsafe { scatter(k, src.as_ptr(), 1, &strides(&[3, 4]), out.as_mut_ptr(), 1, &strides(&[2, 3]), &[&rows, &cols]) };
+        unsafe { scatter(k, None, src.as_ptr(), 1, &strides(&[3, 4]), out.as_mut_ptr(), 1, &strides(&[2, 3]), &[&rows, &cols]) };
         assert_eq!(out, vec![9, 10, 11, 1, 2, 3]);
         let mut out2 = vec![0u16; 6];
         unsafe { fill_runs(&7u16.to_ne_bytes(), out2.as_mut_ptr().cast(), &strides(&[2, 3]), &[&rows[..1], &cols]) };

@@ -240,6 +240,8 @@ struct SamplePlan {
     /// Per axis: (chunk index, runs).
     axes: Vec<Vec<(u64, Vec<Run>)>>,
     kernel: Kernel,
+    /// Element size when the output type is the source type (innermost runs are memcpys).
+    copy: Option<usize>,
     fill_out: Vec<u8>,
     prefill: bool,
 }
@@ -414,7 +416,8 @@ impl Assembler {
                 prefill |= outside;
                 axes.push(runs);
             }
-            plans.push(SamplePlan { meta, axes, kernel: k, fill_out, prefill });
+            let copy = (meta.dtype == out_dtype).then(|| out_dtype.size());
+            plans.push(SamplePlan { meta, axes, kernel: k, copy, fill_out, prefill });
         }
         let common = common.ok_or_else(|| Error::invalid("queries", "an empty batch needs a sample shape"))?;
         Ok((plans, common))
@@ -671,7 +674,7 @@ impl Assembler {
             // SAFETY: `decoded` holds the whole chunk (checked by the decoders), the runs lie
             // inside it (offsets < chunk shape) and inside sample `s`'s slot; the elements they
             // select are this chunk's alone.
-            unsafe { scatter(p.kernel, decoded.as_ptr(), meta.dtype.size(), &src_strides, out.at(s * sizes.1), sizes.0, dst_strides, &runs) };
+            unsafe { scatter(p.kernel, p.copy, decoded.as_ptr(), meta.dtype.size(), &src_strides, out.at(s * sizes.1), sizes.0, dst_strides, &runs) };
         }
     }
 
