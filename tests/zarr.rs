@@ -2,6 +2,7 @@
 //! and chunked), read back by crops, index queries, the pipeline and the crop source, against
 //! a reference computed in the test. The full codec / layout matrix against zarr-python's own
 //! reads is in tests/python/test_zarr.py.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::borrow::Cow;
 use std::num::NonZeroU64;

@@ -216,12 +216,14 @@ struct ShardIndex {
 }
 
 type ArrayKey = (String, Option<usize>);
+/// (array id, chunk or shard grid indices).
+type GridKey = (u64, Vec<u64>);
 
 /// Opens arrays (cached), plans batches and runs them.
 pub struct Assembler {
     limits: Limits,
     arrays: Mutex<LruCache<ArrayKey, Arc<ArrayMeta>>>,
-    indexes: Mutex<LruCache<(u64, Vec<u64>), Arc<ShardIndex>>>,
+    indexes: Mutex<LruCache<GridKey, Arc<ShardIndex>>>,
     pool: Option<rayon::ThreadPool>,
     counters: Counters,
     options: CodecOptions,
@@ -556,7 +558,7 @@ impl Assembler {
             }
         }
         self.counters.index_misses.fetch_add(missing.len() as u64, Ordering::Relaxed);
-        let loaded: Vec<Result<((u64, Vec<u64>), Arc<ShardIndex>)>> = self.install(|| {
+        let loaded: Vec<Result<(GridKey, Arc<ShardIndex>)>> = self.install(|| {
             missing
                 .par_iter()
                 .map(|k| {
@@ -603,14 +605,15 @@ impl Assembler {
             let location = meta.object(&k.1);
             let mut cur: Option<ReadTask> = None;
             for (off, n, j) in ranges {
-                if let Some(t) = &mut cur {
+                if let Some(mut t) = cur.take() {
                     let (start, len) = t.range.unwrap_or((0, 0));
                     if off == start + len && len + n <= self.limits.max_read_bytes as u64 {
                         t.chunks.push((j, off - start, n));
                         t.range = Some((start, len + n));
+                        cur = Some(t);
                         continue;
                     }
-                    tasks.push(cur.take().expect("checked"));
+                    tasks.push(t);
                 }
                 cur = Some(ReadTask { location: location.clone(), range: Some((off, n)), chunks: vec![(j, 0, n)] });
             }
