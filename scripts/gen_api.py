@@ -100,6 +100,9 @@ def render() -> str:
     import zrecord.text
 
     lines += _py_module(zrecord.text, "Text: string tensors and text stages")
+    import zrecord.zarr
+
+    lines += _py_module(zrecord.zarr, "Zarr: crops and index queries")
     try:
         import zrecord.torch
     except ImportError:
