@@ -24,6 +24,7 @@ pub mod exec;
 pub mod meta;
 pub mod pipeline;
 pub mod query;
+pub mod remote;
 pub mod source;
 pub mod sql;
 

@@ -195,7 +195,7 @@ impl PyZarrReader {
     #[new]
     #[pyo3(signature = (limits = None))]
     fn new(limits: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        if limits.is_none_or(|d| d.is_empty()) {
+        if limits.is_none() {
             return Ok(PyZarrReader { inner: shared_assembler() });
         }
         let (l, c) = limits_of(limits)?;

@@ -5,7 +5,6 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -630,19 +629,13 @@ impl Assembler {
         };
         let loc = meta.object(shard);
         let path = loc.path();
-        let file = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ShardIndex { entries: None }),
-            Err(e) => return Err(Error::io(path, e)),
-        };
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        if len < *index_size {
-            return Err(Error::corrupt(path, format!("shard of {len} bytes is shorter than its {index_size}-byte index")));
-        }
-        let at = if *index_at_start { 0 } else { len - index_size };
-        let mut buf = vec![0u8; *index_size as usize];
         let t0 = Instant::now();
-        file.read_exact_at(&mut buf, at).map_err(|e| Error::io(path, e))?;
+        let Some((buf, len)) = loc.read_edge(*index_size, *index_at_start)? else {
+            return Ok(ShardIndex { entries: None });
+        };
+        if len < *index_size {
+            return Err(Error::corrupt(&path, format!("shard of {len} bytes is shorter than its {index_size}-byte index")));
+        }
         self.counters.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes_read.fetch_add(*index_size, Ordering::Relaxed);
@@ -650,7 +643,7 @@ impl Assembler {
         let decoded = index
             .decode(Cow::Borrowed(&buf), &shape, &zarrs::array::data_type::uint64(), &FillValue::from(u64::MAX), &self.options)
             .and_then(|b| b.into_fixed().map_err(|e| zarrs::array::CodecError::Other(e.to_string())))
-            .map_err(|e| Error::corrupt(path, format!("shard index: {e}")))?;
+            .map_err(|e| Error::corrupt(&path, format!("shard index: {e}")))?;
         let entries: Vec<u64> = decoded.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).collect();
         // Every present entry must lie inside the shard's data region.
         let (lo, hi) = if *index_at_start { (*index_size, len) } else { (0, len - index_size) };
@@ -660,7 +653,7 @@ impl Assembler {
                 continue;
             }
             if off < lo || off.checked_add(n).is_none_or(|end| end > hi) {
-                return Err(Error::corrupt(path, format!("shard index entry {i} ({off}, {n}) lies outside the shard's data ({lo}..{hi})")));
+                return Err(Error::corrupt(&path, format!("shard index entry {i} ({off}, {n}) lies outside the shard's data ({lo}..{hi})")));
             }
         }
         Ok(ShardIndex { entries: Some(entries) })
@@ -683,28 +676,11 @@ impl Assembler {
 
     fn run_task(&self, t: &ReadTask, jobs: &[ChunkJob], plans: &[SamplePlan], out: OutPtr, dst_strides: &[u64], sizes: (usize, usize)) -> Result<()> {
         let path = t.location.path();
+        let path = path.as_path();
         let t0 = Instant::now();
         let buf = match t.range {
-            None => match std::fs::File::open(path) {
-                Ok(f) => {
-                    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-                    if len > self.limits.max_read_bytes as u64 {
-                        let meta = &jobs[t.chunks[0].0].meta;
-                        return Err(Error::invalid("max_read_bytes", format!("'{}': chunk file {} is {len} bytes, more than limits.max_read_bytes = {}", meta.uri, path.display(), self.limits.max_read_bytes)));
-                    }
-                    let mut b = vec![0u8; len as usize];
-                    f.read_exact_at(&mut b, 0).map_err(|e| Error::io(path, e))?;
-                    Some(b)
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(Error::io(path, e)),
-            },
-            Some((off, n)) => {
-                let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-                let mut b = vec![0u8; n as usize];
-                f.read_exact_at(&mut b, off).map_err(|e| Error::io(path, e))?;
-                Some(b)
-            }
+            None => t.location.read_all_limited(Some(self.limits.max_read_bytes as u64)).map_err(|e| e.context(format!("'{}'", jobs[t.chunks[0].0].meta.uri)))?,
+            Some((off, n)) => Some(t.location.read_range(off, n)?),
         };
         self.counters.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let Some(buf) = buf else {

@@ -5,7 +5,8 @@
 //! ranges, which shard index) is ours.
 
 use std::num::NonZeroU64;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,16 +16,20 @@ use zarrs::metadata::v3::MetadataV3;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::zarr::remote::Remote;
+use object_store::GetRange;
 
 /// Where an array's bytes live.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Location {
     /// A folder on a local file system.
     File(PathBuf),
+    /// A prefix in an object store (`http(s)://`, `s3://`).
+    Remote(Remote),
 }
 
 impl Location {
-    /// Parse a URI: a plain path or `file://` (remote schemes are refused with the reason).
+    /// Parse a URI: a plain path, `file://`, `http(s)://` or `s3://`.
     pub fn parse(uri: &str) -> Result<Location> {
         if let Some(rest) = uri.strip_prefix("file://") {
             // file:///abs/path and file://localhost/abs/path
@@ -35,10 +40,10 @@ impl Location {
             return Ok(Location::File(PathBuf::from(rest)));
         }
         if let Some((scheme, _)) = uri.split_once("://") {
-            return Err(Error::invalid(
-                "uri",
-                format!("'{uri}': scheme '{scheme}://' is not readable by this build (local paths and file:// only)"),
-            ));
+            return match Remote::parse(uri)? {
+                Some(r) => Ok(Location::Remote(r)),
+                None => Err(Error::invalid("uri", format!("'{uri}': scheme '{scheme}://' is not supported (paths, file://, http(s)://, s3://)"))),
+            };
         }
         if uri.is_empty() {
             return Err(Error::invalid("uri", "empty URI"));
@@ -50,23 +55,94 @@ impl Location {
     pub fn join(&self, key: &str) -> Location {
         match self {
             Location::File(p) => Location::File(p.join(key)),
+            Location::Remote(r) => Location::Remote(r.join(key)),
         }
     }
 
-    /// The path, for messages and local reads.
-    pub fn path(&self) -> &Path {
+    /// The path (local) or URL (remote), for messages and errors.
+    pub fn path(&self) -> PathBuf {
         match self {
-            Location::File(p) => p,
+            Location::File(p) => p.clone(),
+            Location::Remote(r) => PathBuf::from(r.display()),
+        }
+    }
+
+    /// The whole object, or `None` when it does not exist. `limit`: refuse larger objects.
+    pub fn read_all_limited(&self, limit: Option<u64>) -> Result<Option<Vec<u8>>> {
+        let too_big = |n: u64, l: u64| Error::invalid("max_read_bytes", format!("'{}' is {n} bytes, more than limits.max_read_bytes = {l}", self.path().display()));
+        match self {
+            Location::File(p) => {
+                let f = match std::fs::File::open(p) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(Error::io(p, e)),
+                };
+                let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
+                if let Some(l) = limit.filter(|&l| len > l) {
+                    return Err(too_big(len, l));
+                }
+                let mut b = vec![0u8; len as usize];
+                f.read_exact_at(&mut b, 0).map_err(|e| Error::io(p, e))?;
+                Ok(Some(b))
+            }
+            Location::Remote(r) => match r.get(None)? {
+                Some((b, size)) => {
+                    if let Some(l) = limit.filter(|&l| size > l) {
+                        return Err(too_big(size, l));
+                    }
+                    Ok(Some(b))
+                }
+                None => Ok(None),
+            },
         }
     }
 
     /// The whole object, or `None` when it does not exist.
     pub fn read_all(&self) -> Result<Option<Vec<u8>>> {
-        let p = self.path();
-        match std::fs::read(p) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(p, e)),
+        self.read_all_limited(None)
+    }
+
+    /// `len` bytes from `offset` (the object must exist and hold them).
+    pub fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        match self {
+            Location::File(p) => {
+                let f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+                let mut b = vec![0u8; len as usize];
+                f.read_exact_at(&mut b, offset).map_err(|e| Error::io(p, e))?;
+                Ok(b)
+            }
+            Location::Remote(r) => {
+                let (b, _) = r.get(Some(GetRange::Bounded(offset..offset + len)))?.ok_or_else(|| Error::NotFound { path: self.path(), reason: "the object is gone".into() })?;
+                if b.len() as u64 != len {
+                    return Err(Error::corrupt(self.path(), format!("asked for {len} bytes at {offset}, got {}", b.len())));
+                }
+                Ok(b)
+            }
+        }
+    }
+
+    /// `n` bytes at the start (`from_start`) or end of the object, and the object's size;
+    /// `None` when it does not exist.
+    pub fn read_edge(&self, n: u64, from_start: bool) -> Result<Option<(Vec<u8>, u64)>> {
+        match self {
+            Location::File(p) => {
+                let f = match std::fs::File::open(p) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(Error::io(p, e)),
+                };
+                let size = f.metadata().map_err(|e| Error::io(p, e))?.len();
+                if size < n {
+                    return Ok(Some((Vec::new(), size)));
+                }
+                let mut b = vec![0u8; n as usize];
+                f.read_exact_at(&mut b, if from_start { 0 } else { size - n }).map_err(|e| Error::io(p, e))?;
+                Ok(Some((b, size)))
+            }
+            Location::Remote(r) => {
+                let range = if from_start { GetRange::Bounded(0..n) } else { GetRange::Suffix(n) };
+                r.get(Some(range))
+            }
         }
     }
 }
@@ -303,6 +379,10 @@ impl ArrayMeta {
             _ => (Layout::Chunked { codecs: keys.codecs() }, grid_shape),
         };
         let (layout, read_chunk) = layout;
+        let chunk_bytes = read_chunk.iter().try_fold(dtype.size() as u64, |a, &c| a.checked_mul(c));
+        if chunk_bytes.is_none_or(|b| b > 1 << 40) {
+            return Err(field_error(uri, "chunk_grid", format!("chunk shape {read_chunk:?} is absurdly large")));
+        }
         let fast = match &layout {
             Layout::Chunked { codecs } => fast_decode(codecs, dtype),
             Layout::Sharded { inner, .. } => fast_decode(inner, dtype),
@@ -321,14 +401,14 @@ impl ArrayMeta {
         self.location.join(key.as_str())
     }
 
-    /// Elements per read chunk.
+    /// Elements per read chunk (checked to fit when the array was opened).
     pub fn chunk_numel(&self) -> u64 {
-        self.read_chunk.iter().product()
+        self.read_chunk.iter().fold(1u64, |a, &c| a.saturating_mul(c))
     }
 
     /// Decoded bytes per read chunk.
     pub fn chunk_bytes(&self) -> u64 {
-        self.chunk_numel() * self.dtype.size() as u64
+        self.chunk_numel().saturating_mul(self.dtype.size() as u64)
     }
 
     /// Read-chunk grid size along each axis.
@@ -392,7 +472,7 @@ fn resolve(uri: &str, root: &Location, level: Option<usize>) -> Result<(Location
             loc = loc.join(&path);
             continue;
         }
-        return Err(Error::NotFound { path: loc.path().to_path_buf(), reason: format!("'{uri}': no zarr.json (v3) or .zarray (v2) here") });
+        return Err(Error::NotFound { path: loc.path(), reason: format!("'{uri}': no zarr.json (v3) or .zarray (v2) here") });
     }
     Err(Error::invalid("uri", format!("'{uri}': multiscale groups nested too deeply")))
 }

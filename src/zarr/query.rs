@@ -80,7 +80,7 @@ impl Query {
 }
 
 /// The longest selection along one axis: bounds planning memory for absurd inputs.
-pub const MAX_AXIS_LEN: u64 = 1 << 31;
+pub const MAX_AXIS_LEN: u64 = 1 << 24;
 
 fn resolve_axis(axis: usize, sel: &AxisSelection, dim: u64, uri: &str) -> Result<Vec<Option<u64>>> {
     let idim = i64::try_from(dim).map_err(|_| Error::invalid("selection", "array dimension too large"))?;
@@ -113,6 +113,9 @@ fn resolve_axis(axis: usize, sel: &AxisSelection, dim: u64, uri: &str) -> Result
             let mut out = Vec::new();
             let mut p = s;
             while (*step > 0 && p < e) || (*step < 0 && p > e) {
+                if out.len() as u64 >= MAX_AXIS_LEN {
+                    return Err(Error::invalid("selection", format!("axis {axis}: a slice of more than {MAX_AXIS_LEN} positions")));
+                }
                 out.push(Some(p as u64));
                 p += step;
             }
