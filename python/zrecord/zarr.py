@@ -23,7 +23,23 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+import atexit
+import weakref
+
 from ._zrecord import _ZarrPipeline, _ZarrReader
+
+# Pipelines still open at interpreter exit are closed first, so no worker thread reaches for a
+# generator while Python shuts down.
+_LIVE: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for p in list(_LIVE):
+        try:
+            p.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
 
 __all__ = [
     "Sample",
@@ -315,6 +331,7 @@ class Pipeline:
             _int(queues.lookahead_samples, "lookahead_samples"),
             _int(queues.prepared_batches, "prepared_batches"),
         )
+        _LIVE.add(self)
 
     def push(self, samples: Iterable[Any]) -> None:
         if isinstance(samples, (Sample, IndexQuery)):
