@@ -39,6 +39,7 @@ __all__ = [
     "TextPipeline",
     "Tokenizer",
     "ResumablePipeline",
+    "ParquetSource",
     "TextBatch",
     "make_collate",
     "quality_stats",
@@ -514,6 +515,92 @@ class _IterSource:
         return StringTensor(rows), start, {"state": self.it.state_dict(), "rows": self.rows}
 
 
+class ParquetSource:
+    """One string column of Parquet files as a :class:`ResumablePipeline` source.
+
+    ``paths``: a file, a folder (its ``*.parquet`` files), a glob, or a list of files; read in
+    sorted order, one row group at a time (memory: one row group of the column). The position
+    is exact (file, row in file) plus each file's size and modification time: a pipeline resumed
+    after a file changed raises ``ValueError`` instead of skipping or repeating rows.
+    """
+
+    def __init__(self, paths: Any, column: str):
+        import glob
+
+        import pyarrow.parquet as pq
+
+        if isinstance(paths, (str, os.PathLike)):
+            p = os.fspath(paths)
+            files = sorted(glob.glob(os.path.join(p, "*.parquet"))) if os.path.isdir(p) else sorted(glob.glob(p)) or [p]
+        else:
+            files = [os.fspath(f) for f in paths]
+        if not files:
+            raise ValueError(f"no Parquet files in {paths!r}")
+        self.files = files
+        self.column = column
+        self._pq = pq
+        self._fp = [self._fingerprint(f) for f in files]
+        self._meta = []
+        for f in files:
+            pf = pq.ParquetFile(f)
+            if column not in pf.schema_arrow.names:
+                raise KeyError(f"{f}: no column {column!r} (columns: {pf.schema_arrow.names})")
+            t = pf.schema_arrow.field(column).type
+            import pyarrow as pa
+
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)):
+                raise TypeError(f"{f}: column {column!r} is {t}, not a string column")
+            self._meta.append([pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
+        self._file, self._row, self.rows = 0, 0, 0
+        self._cache = None  # (file, row group, first row, array)
+
+    @staticmethod
+    def _fingerprint(f):
+        st = os.stat(f)
+        return [os.path.abspath(f), st.st_size, st.st_mtime_ns]
+
+    def seek(self, position):
+        if position is None:
+            self._file, self._row, self.rows = 0, 0, 0
+            return
+        if position.get("files") != self._fp:
+            raise ValueError("the Parquet files changed since the last commit (paths, sizes or modification times differ); resuming would skip or repeat rows")
+        self._file, self._row, self.rows = int(position["file"]), int(position["row"]), int(position["rows"])
+
+    def _group(self, f, row):
+        """(array of the row group holding `row` of file `f`, its first row)."""
+        first = 0
+        for g, n in enumerate(self._meta[f]):
+            if row < first + n:
+                if self._cache is None or self._cache[:2] != (f, g):
+                    t = self._pq.ParquetFile(self.files[f]).read_row_group(g, columns=[self.column])
+                    self._cache = (f, g, first, t.column(0).combine_chunks())
+                return self._cache[3], first
+            first += n
+        return None, first
+
+    def read(self, n):
+        import pyarrow as pa
+
+        parts, got, start = [], 0, self.rows
+        while got < n and self._file < len(self.files):
+            arr, first = self._group(self._file, self._row)
+            if arr is None:
+                self._file, self._row = self._file + 1, 0
+                continue
+            off = self._row - first
+            take = min(n - got, len(arr) - off)
+            parts.append(arr.slice(off, take))
+            got += take
+            self._row += take
+        self.rows += got
+        pos = {"file": self._file, "row": self._row, "rows": self.rows, "files": self._fp}
+        if not parts:
+            return None, start, pos
+        arr = parts[0] if len(parts) == 1 else pa.concat_arrays([p.cast(parts[0].type) for p in parts])
+        return StringTensor(arr), start, pos
+
+
 def _atomic_write(path, data: bytes):
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -534,7 +621,7 @@ class ResumablePipeline:
     """Text stages over a source with a position, with background prefetch, exactly once.
 
     ``source``: a list / sequence of ``str``, a :class:`StringTensor`, a pyarrow (chunked)
-    string array, a zrecord ``utf8`` view, or an iterable with ``state_dict`` /
+    string array, a zrecord ``utf8`` view, a :class:`ParquetSource`, or an iterable with ``state_dict`` /
     ``load_state_dict`` (``field`` picks a key of its items). ``stages`` are run fused on every
     batch in a background thread, ``prefetch`` batches ahead. ``dedup=True`` adds an
     :class:`ExactDedup` after the stages, persisted in ``state_dir``.
@@ -571,7 +658,9 @@ class ResumablePipeline:
         self._dedup = ExactDedup(os.path.join(self.state_dir, "dedup"), max_memory=max_memory, committed=st.get("dedup", 0)) if dedup else None
         stage_list = list(stages) + ([self._dedup] if self._dedup is not None else [])
         self._pipe = TextPipeline(stage_list) if stage_list else None
-        if hasattr(source, "state_dict") and hasattr(source, "load_state_dict") and not hasattr(source, "__getitem__"):
+        if isinstance(source, ParquetSource):
+            self._src = source
+        elif hasattr(source, "state_dict") and hasattr(source, "load_state_dict") and not hasattr(source, "__getitem__"):
             self._src = _IterSource(source, field)
         else:
             self._src = _SeqSource(source)
