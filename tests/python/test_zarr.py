@@ -591,3 +591,38 @@ def test_s3_sources(tmp_path, monkeypatch):
             zz.read(f"s3://{bucket}/data/nothing.zarr")
     finally:
         server.stop()
+
+
+def test_hostile_metadata_and_absurd_selections(tmp_path):
+    data = _data((4, 4), "uint8")
+    p = tmp_path / "a"
+    _v3(p, data, (2, 2), compressors=None)
+    meta = json.loads((p / "zarr.json").read_text())
+    big = dict(meta, shape=[1 << 40, 1 << 40], chunk_grid={"name": "regular", "configuration": {"chunk_shape": [1 << 30, 1 << 30]}})
+    (p / "zarr.json").write_text(json.dumps(big))
+    with pytest.raises(ValueError, match="absurdly large"):
+        zz.info(str(p))
+    (p / "zarr.json").write_text(json.dumps(dict(meta, shape=[1 << 40, 4])))
+    r = zz.reader()
+    with pytest.raises((MemoryError, ValueError)):
+        r.read(str(p))  # 2^42 bytes: refused, not attempted
+    with pytest.raises(ValueError, match="larger than"):
+        r.gather([zz.Sample(str(p), [(0, 1 << 30), (0, 1)])])
+    (p / "zarr.json").write_text("{not json")
+    with pytest.raises(ValueError, match="zarr.json"):
+        zz.reader().info(str(p))
+    # a shard index pointing past the shard's data is corruption, not a wild read
+    q = str(tmp_path / "s")
+    _v3(q, _data((4, 4), "uint8"), (2, 2), shards=(4, 4), compressors=None)
+    shard = os.path.join(q, "c", "0", "0")
+    b = bytearray(open(shard, "rb").read())
+    import struct
+
+    crc32c = pytest.importorskip("crc32c")  # zarr's own crc32c dependency
+    n = 4 * 16
+    index = bytearray(b[-(n + 4) : -4])
+    index[0:8] = struct.pack("<Q", 1 << 40)  # first entry's offset far outside
+    b[-(n + 4) :] = bytes(index) + struct.pack("<I", crc32c.crc32c(bytes(index)))
+    open(shard, "wb").write(bytes(b))
+    with pytest.raises(zrecord.CorruptStoreError, match="outside the shard"):
+        zz.reader().read(q)
