@@ -698,7 +698,9 @@ impl Assembler {
         };
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        for &(j, off, n) in &t.chunks {
+        // The chunks of a merged read decode in parallel (a shard's neighbours often merge into
+        // one read; decoding them one after another would leave the other workers idle).
+        t.chunks.par_iter().try_for_each(|&(j, off, n)| -> Result<()> {
             let job = &jobs[j];
             let meta = &job.meta;
             let encoded = if t.range.is_none() { &buf[..] } else { &buf[off as usize..(off + n) as usize] };
@@ -743,7 +745,7 @@ impl Assembler {
                 }
                 None => self.scatter_chunk(job, &decoded, plans, out, dst_strides, sizes),
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
