@@ -7,5 +7,5 @@ mod pool;
 mod tensor;
 
 pub use pool::{Allocation, Allocator, AllocatorStats, DEFAULT_POOL_SIZE_BYTES};
-pub(crate) use tensor::RaggedLayout;
+pub(crate) use tensor::{numel, RaggedLayout};
 pub use tensor::{PackedRagged, RaggedBatch, RaggedInput, Tensor, TensorView, ValidRagged};

@@ -109,13 +109,6 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
-/// The allocator one-off gathers use unless given one: pooled, so repeated batches reuse
-/// their pages instead of faulting fresh ones in.
-fn pooled() -> crate::memory::Allocator {
-    static POOL: std::sync::OnceLock<crate::memory::Allocator> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| crate::memory::Allocator::cpu(256 << 20)).clone()
-}
-
 /// The Rust pipeline (wrapped by `zrecord.zarr.Pipeline`).
 #[pyclass(name = "_ZarrPipeline", module = "zrecord", frozen)]
 pub struct PyZarrPipeline {
@@ -220,7 +213,7 @@ impl PyZarrReader {
             return Err(PyValueError::new_err("gather needs at least one query"));
         }
         let dtype: Option<DType> = dtype.map(dtype_arg).transpose()?;
-        let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_else(pooled);
+        let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_else(crate::query::table::default_allocator);
         let inner = self.inner.clone();
         let t = py.detach(move || inner.gather(&qs, dtype, None, &alloc)).py_err()?;
         Ok(PyDLTensor::new(t, true))

@@ -43,8 +43,9 @@ impl fmt::Debug for ZrecordTable {
     }
 }
 
-/// The allocator tables gather into unless given one: pooled, shared by every table.
-fn default_allocator() -> Allocator {
+/// The allocator tables (and one-off Zarr gathers) place batches in unless given one: pooled,
+/// shared.
+pub(crate) fn default_allocator() -> Allocator {
     static POOL: std::sync::OnceLock<Allocator> = std::sync::OnceLock::new();
     POOL.get_or_init(|| Allocator::cpu(256 << 20)).clone()
 }

@@ -34,27 +34,17 @@ macro_rules! real_prim {
 }
 real_prim!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
 
-impl Real for f16 {
-    #[inline(always)]
-    fn f32(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn f64(self) -> f64 {
-        self.to_f64()
-    }
+macro_rules! real_half {
+    ($($t:ty),*) => {$(
+        impl Real for $t {
+            #[inline(always)]
+            fn f32(self) -> f32 { self.to_f32() }
+            #[inline(always)]
+            fn f64(self) -> f64 { self.to_f64() }
+        }
+    )*};
 }
-
-impl Real for bf16 {
-    #[inline(always)]
-    fn f32(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn f64(self) -> f64 {
-        self.to_f64()
-    }
-}
+real_half!(f16, bf16);
 
 macro_rules! conv_kernel {
     ($s:ty, $d:ty, $f:expr) => {{
@@ -229,6 +219,33 @@ impl Walk<'_> {
     }
 }
 
+/// Write `n` copies of the element `fill` from `dst` on (doubling copies, no buffer).
+///
+/// # Safety
+/// `dst` must be valid for writes of `n * fill.len()` bytes, not used elsewhere meanwhile.
+pub(crate) unsafe fn fill_repeat(dst: *mut u8, n: usize, fill: &[u8]) {
+    let total = n * fill.len();
+    if total == 0 {
+        return;
+    }
+    if fill.iter().all(|&b| b == fill[0]) {
+        // SAFETY: `total` writable bytes at `dst` (the caller's contract).
+        unsafe { std::ptr::write_bytes(dst, fill[0], total) };
+        return;
+    }
+    // SAFETY: the first element, then copies of the already written prefix into the
+    // following, disjoint bytes, all inside the `total` bytes the caller gave.
+    unsafe {
+        std::ptr::copy_nonoverlapping(fill.as_ptr(), dst, fill.len());
+        let mut done = fill.len();
+        while done < total {
+            let k = done.min(total - done);
+            std::ptr::copy_nonoverlapping(dst, dst.add(done), k);
+            done += k;
+        }
+    }
+}
+
 /// Write `fill` (one output element) at every position the runs select.
 ///
 /// # Safety
@@ -291,6 +308,19 @@ mod tests {
         assert_eq!(dst, [-5, 7]);
         for (s, d) in [(DType::UInt16, DType::Int16), (DType::Float32, DType::Int32), (DType::Int32, DType::UInt32), (DType::Complex64, DType::Float32)] {
             assert!(kernel(s, d).is_err(), "{s} -> {d} must be refused");
+        }
+    }
+
+    #[test]
+    fn fill_repeat_writes_every_element() {
+        for n in [0usize, 1, 3, 64, 1000] {
+            let mut out = vec![0u8; n * 4 + 4];
+            unsafe { fill_repeat(out.as_mut_ptr(), n, &0x0102_0304u32.to_ne_bytes()) };
+            assert!(out[..n * 4].chunks(4).all(|c| c == 0x0102_0304u32.to_ne_bytes()));
+            assert_eq!(&out[n * 4..], &[0, 0, 0, 0], "wrote past the end for n = {n}");
+            let mut same = vec![0u8; n * 2];
+            unsafe { fill_repeat(same.as_mut_ptr(), n, &[9, 9]) };
+            assert!(same.iter().all(|&b| b == 9));
         }
     }
 

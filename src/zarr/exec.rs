@@ -15,14 +15,10 @@ use zarrs::array::{ArrayToBytesCodecTraits, CodecOptions, FillValue};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::memory::{Allocation, Allocator, Tensor};
-use crate::zarr::cast::{convert_one, fill_runs, kernel, scatter, strides, Kernel, OutPtr};
+use crate::memory::{numel, Allocation, Allocator, Tensor};
+use crate::zarr::cast::{convert_one, fill_repeat, fill_runs, kernel, scatter, strides, Kernel, OutPtr};
 use crate::zarr::meta::{index_shape, ArrayMeta, FastDecode, Layout, Location};
 use crate::zarr::query::{runs_by_chunk, Query, Run};
-
-fn numel(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
-}
 
 /// Cache sizes (entries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -446,11 +442,13 @@ impl Assembler {
             let mut idx = vec![0usize; nd];
             'combos: loop {
                 let coords: Vec<u64> = (0..nd).map(|d| p.axes[d][idx[d]].0).collect();
-                let key = (p.meta.id, coords);
-                let j = *job_of.entry(key.clone()).or_insert_with(|| {
-                    jobs.push(ChunkJob { meta: p.meta.clone(), coords: key.1.clone(), targets: Vec::new() });
-                    jobs.len() - 1
-                });
+                let j = match job_of.entry((p.meta.id, coords)) {
+                    std::collections::hash_map::Entry::Occupied(e) => *e.get(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        jobs.push(ChunkJob { meta: p.meta.clone(), coords: e.key().1.clone(), targets: Vec::new() });
+                        *e.insert(jobs.len() - 1)
+                    }
+                };
                 jobs[j].targets.push((s, idx.clone()));
                 let mut d = nd;
                 loop {
@@ -487,13 +485,11 @@ impl Assembler {
         let (tasks, fills) = self.read_tasks(&jobs, &todo, plans)?;
 
         // Prefill samples whose selection leaves the array.
-        // SAFETY: each sample's slot is `sample_bytes` inside the allocation; samples are
-        // disjoint; nothing else runs yet.
         for (s, p) in plans.iter().enumerate() {
             if p.prefill {
-                let base = unsafe { out.at(s * sample_bytes) };
-                let row: Vec<u8> = p.fill_out.iter().copied().cycle().take(sample_bytes).collect();
-                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), base, sample_bytes) };
+                // SAFETY: each sample's slot is `sample_bytes` inside the allocation; samples
+                // are disjoint; nothing else runs yet.
+                unsafe { fill_repeat(out.at(s * sample_bytes), sample_bytes / p.fill_out.len(), &p.fill_out) };
             }
         }
 

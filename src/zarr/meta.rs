@@ -28,6 +28,15 @@ pub enum Location {
     Remote(Remote),
 }
 
+/// A local file, or `None` when it does not exist.
+fn open_local(p: &std::path::Path) -> Result<Option<std::fs::File>> {
+    match std::fs::File::open(p) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(p, e)),
+    }
+}
+
 impl Location {
     /// Parse a URI: a plain path, `file://`, `http(s)://` or `s3://`.
     pub fn parse(uri: &str) -> Result<Location> {
@@ -72,11 +81,7 @@ impl Location {
         let too_big = |n: u64, l: u64| Error::invalid("max_read_bytes", format!("'{}' is {n} bytes, more than limits.max_read_bytes = {l}", self.path().display()));
         match self {
             Location::File(p) => {
-                let f = match std::fs::File::open(p) {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(Error::io(p, e)),
-                };
+                let Some(f) = open_local(p)? else { return Ok(None) };
                 let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
                 if let Some(l) = limit.filter(|&l| len > l) {
                     return Err(too_big(len, l));
@@ -126,11 +131,7 @@ impl Location {
     pub fn read_edge(&self, n: u64, from_start: bool) -> Result<Option<(Vec<u8>, u64)>> {
         match self {
             Location::File(p) => {
-                let f = match std::fs::File::open(p) {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(Error::io(p, e)),
-                };
+                let Some(f) = open_local(p)? else { return Ok(None) };
                 let size = f.metadata().map_err(|e| Error::io(p, e))?.len();
                 if size < n {
                     return Ok(Some((Vec::new(), size)));
@@ -409,11 +410,6 @@ impl ArrayMeta {
     /// Decoded bytes per read chunk.
     pub fn chunk_bytes(&self) -> u64 {
         self.chunk_numel().saturating_mul(self.dtype.size() as u64)
-    }
-
-    /// Read-chunk grid size along each axis.
-    pub fn chunk_grid(&self) -> Vec<u64> {
-        self.shape.iter().zip(&self.read_chunk).map(|(s, c)| s.div_ceil(*c)).collect()
     }
 
     /// The read chunk's shape as zarrs wants it.

@@ -72,7 +72,6 @@ struct State {
     pending: usize,
     ready: VecDeque<PipelineBatch>,
     error: Option<Arc<Error>>,
-    released: u64,
     /// Since when the worker has waited for a slot (every slot held by unreleased batches).
     starved_since: Option<Instant>,
 }
@@ -142,7 +141,7 @@ impl Pipeline {
         let allocator = Allocator::cpu(0);
         let slots = (0..queues.prepared_batches).map(|_| allocator.allocate(batch).map(Arc::new)).collect::<Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { inputs: VecDeque::new(), finished: false, closed: false, busy: false, pending: 0, ready: VecDeque::new(), error: None, released: 0, starved_since: None }),
+            state: Mutex::new(State { inputs: VecDeque::new(), finished: false, closed: false, busy: false, pending: 0, ready: VecDeque::new(), error: None, starved_since: None }),
             cv: Condvar::new(),
         });
         let worker = {
@@ -230,7 +229,6 @@ impl Pipeline {
     /// its next poll).
     pub fn notify_released(&self) {
         let mut st = self.shared.lock();
-        st.released += 1;
         // The worker re-marks itself starved if the freed slot is still shared elsewhere.
         st.starved_since = None;
         drop(st);

@@ -50,18 +50,6 @@ impl Query {
         self
     }
 
-    /// Output shape when it does not depend on the array (every axis a range or index list).
-    pub fn static_shape(&self) -> Option<Vec<usize>> {
-        self.selection
-            .iter()
-            .map(|s| match s {
-                AxisSelection::Range(a, b) => usize::try_from(b.checked_sub(*a)?).ok(),
-                AxisSelection::Indices(v) => Some(v.len()),
-                AxisSelection::Slice { .. } => None,
-            })
-            .collect()
-    }
-
     /// Per-axis positions in the array (`None`: outside, reads the fill value).
     pub(crate) fn resolve(&self, shape: &[u64]) -> Result<Vec<Vec<Option<u64>>>> {
         if self.selection.len() != shape.len() {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::Allocator;
+use crate::sample::SplitMix64;
 use crate::store::{Batch, Ids, Layout, ReadOptions, RecordSource};
 use crate::zarr::exec::Assembler;
 use crate::zarr::meta::ArrayMeta;
@@ -38,13 +39,6 @@ pub struct CropSource {
     crops: Crops,
     dtype: DType,
     shape: Vec<usize>,
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 impl CropSource {
@@ -94,16 +88,18 @@ impl CropSource {
     pub fn crop(&self, i: u64) -> Vec<(i64, i64)> {
         match &self.crops {
             Crops::List(l) => l[i as usize].clone(),
-            Crops::Random { shape, seed, .. } => shape
-                .iter()
-                .zip(&self.meta.shape)
-                .enumerate()
-                .map(|(d, (&c, &s))| {
-                    let h = splitmix(splitmix(seed ^ splitmix(i)) ^ d as u64);
-                    let o = (h % (s - c + 1)) as i64;
-                    (o, o + c as i64)
-                })
-                .collect(),
+            Crops::Random { shape, seed, .. } => {
+                // A generator per crop, keyed by (seed, i): crop i never depends on the others.
+                let mut r = SplitMix64::new(seed ^ SplitMix64::new(i).next_u64());
+                shape
+                    .iter()
+                    .zip(&self.meta.shape)
+                    .map(|(&c, &s)| {
+                        let o = r.below(s - c + 1) as i64;
+                        (o, o + c as i64)
+                    })
+                    .collect()
+            }
         }
     }
 
