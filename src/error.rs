@@ -195,6 +195,20 @@ pub enum Error {
         /// What was waited for.
         what: String,
     },
+    /// A request to an object store failed for good (after retries for transient failures).
+    #[error("{} request for '{url}'{} failed{}: {message}", kind.describe(), range.map(|(a, z)| format!(" bytes {a}..{z}")).unwrap_or_default(), status.map(|s| format!(" with HTTP status {s}")).unwrap_or_default())]
+    Remote {
+        /// The object's URL.
+        url: String,
+        /// The byte range asked for, if any.
+        range: Option<(u64, u64)>,
+        /// The HTTP status, when there was one.
+        status: Option<u16>,
+        /// What kind of failure.
+        kind: RemoteKind,
+        /// The store client's message.
+        message: String,
+    },
     /// One error reported to several callers (a pipeline's sticky failure).
     #[error("{0}")]
     Shared(std::sync::Arc<Error>),
@@ -207,6 +221,27 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+}
+
+/// The kind of an [`Error::Remote`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteKind {
+    /// The object does not exist (404).
+    NotFound,
+    /// Credentials missing or refused (401, 403).
+    PermissionDenied,
+    /// Anything else (5xx after retries, connection failures, bad responses).
+    Other,
+}
+
+impl RemoteKind {
+    fn describe(&self) -> &'static str {
+        match self {
+            RemoteKind::NotFound => "object not found:",
+            RemoteKind::PermissionDenied => "permission denied:",
+            RemoteKind::Other => "object store",
+        }
+    }
 }
 
 impl Error {

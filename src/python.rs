@@ -16,6 +16,24 @@ mod zarr;
 
 use pyo3::prelude::*;
 
+/// A store path for Python: `pathlib.Path` for a local path, `str` for an object-store URL
+/// (pathlib would fold `s3://b/x` into `s3:/b/x`).
+pub(crate) struct PyPath(pub(crate) std::path::PathBuf);
+
+impl<'py> pyo3::IntoPyObject<'py> for PyPath {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if crate::store::object::is_url(&self.0) {
+            Ok(pyo3::types::PyString::new(py, &self.0.to_string_lossy()).into_any())
+        } else {
+            Ok(self.0.into_pyobject(py)?.into_any())
+        }
+    }
+}
+
 /// The `zrecord._zrecord` extension module.
 // Free-threaded CPython: every class is `frozen` with interior locks or uses PyO3's
 // thread-safe borrow checking, and no state lives in the module, so the module does not ask
@@ -58,6 +76,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<zarr::PyZarrPipeline>()?;
     m.add_class::<zarr::PyZarrReader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
+    m.add_function(wrap_pyfunction!(store::register_storage_options, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -115,6 +115,32 @@ struct UrlTables {
 impl UrlTableFactory for UrlTables {
     async fn try_new(&self, url: &str) -> datafusion::error::Result<Option<Arc<dyn TableProvider>>> {
         let p = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
+        if crate::store::object::is_url(p) {
+            // A store or dataset root on an object store opens as a zrecord table; any other
+            // object (Parquet, CSV, ...) goes to DataFusion's file tables through the same
+            // connected object store, registered for its bucket.
+            let owned = url.to_string();
+            let found = tokio::task::spawn_blocking(move || -> crate::Result<Option<ZrecordTable>> {
+                let remote = crate::store::object::connect(owned.trim_end_matches('/'))?;
+                if remote.exists(crate::store::format::MANIFEST)? || remote.exists(dataset::DATASET_FILE)? {
+                    return Ok(Some(ZrecordTable::open(&owned)?));
+                }
+                Ok(None)
+            })
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))??;
+            if let Some(t) = found {
+                return Ok(Some(Arc::new(t)));
+            }
+            if let Some(session) = self.files.session_store().get_session().upgrade() {
+                if let Ok((root, store)) = crate::store::object::object_store_for(url) {
+                    if let Ok(u) = url::Url::parse(&root) {
+                        session.read().runtime_env().register_object_store(&u, store);
+                    }
+                }
+            }
+            return self.files.try_new(url).await;
+        }
         if p.join(crate::store::format::MANIFEST).exists() || p.join(dataset::DATASET_FILE).exists() {
             return Ok(Some(Arc::new(ZrecordTable::open(p)?)));
         }

@@ -57,6 +57,7 @@ pub mod codec;
 pub mod dataset;
 mod dense;
 pub mod format;
+pub mod object;
 mod gather;
 mod ragged;
 pub mod publish;
@@ -146,6 +147,15 @@ impl From<RaggedStore> for Store {
     fn from(s: RaggedStore) -> Store {
         Store::Ragged(s)
     }
+}
+
+/// Whether a published store (a `manifest.json`) is at `path`: a folder or an object-store URL.
+pub fn is_store(path: &Path) -> Result<bool> {
+    if object::is_url(path) {
+        let url = path.to_str().unwrap_or_default().trim_end_matches('/');
+        return object::connect(url)?.exists(format::MANIFEST);
+    }
+    Ok(object::local_path(path).join(format::MANIFEST).exists())
 }
 
 impl Store {

@@ -45,6 +45,7 @@ pub fn sparse_store(path: &std::path::Path, n: u64) {
         stored_bytes: n,
         files,
         created_by: "test".into(),
+        data_dir: None,
     };
     std::fs::write(path.join(format::MANIFEST), m.to_bytes().unwrap()).unwrap();
 }

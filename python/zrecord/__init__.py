@@ -40,6 +40,7 @@ from ._zrecord import (
     train_dict,
 )
 from ._zrecord import open as _open
+from ._zrecord import register_storage_options as _register_storage_options
 from ._zrecord import open_files
 from .convert import convert
 
@@ -70,6 +71,7 @@ __all__ = [
     "dtypes",
     "open",
     "open_files",
+    "set_storage_options",
     "to_arrow",
     "train_dict",
     "write_dataset",
@@ -77,8 +79,27 @@ __all__ = [
 ]
 
 
-def open(path):  # noqa: A001 - mirrors the builtin on purpose: zrecord.open(path)
-    """Open the store at ``path`` and return a :class:`DenseStore` or :class:`RaggedStore`."""
+def set_storage_options(url, options):
+    """Use ``options`` for every object-store URL at or below ``url`` (``s3://bucket/prefix``,
+    ``gs://``, ``az://``, ``http(s)://``): stores, dataset roots, writers, SQL and the loader
+    then read and write there with them. Keys are object_store's (the same as delta-rs and
+    Lance: ``aws_endpoint``, ``aws_region``, ``aws_access_key_id``, ``allow_http``,
+    ``google_service_account``, ``azure_storage_account_name``, ...) plus zrecord's read plan:
+    ``zrecord_coalesce_gap``, ``zrecord_max_request_bytes``, ``zrecord_max_inflight``,
+    ``zrecord_max_inflight_bytes``, ``zrecord_cache_bytes``, ``zrecord_page_bytes``,
+    ``zrecord_max_retries``, ``zrecord_retry_timeout_s``. Unknown keys raise ``ValueError``.
+    Credentials not given here come from the environment (``AWS_*``, ``GOOGLE_*``,
+    ``AZURE_*``)."""
+    _register_storage_options(str(url), {str(k): str(v) for k, v in dict(options).items()})
+
+
+def open(path, storage_options=None):  # noqa: A001 - mirrors the builtin on purpose: zrecord.open(path)
+    """Open the store at ``path`` (a folder, or an object-store URL: ``s3://``, ``gs://``,
+    ``az://``, ``http(s)://``, ``file://``) and return a :class:`DenseStore` or
+    :class:`RaggedStore`. ``storage_options``: see :func:`set_storage_options` (registered for
+    ``path``)."""
+    if storage_options:
+        set_storage_options(path, storage_options)
     return _open(path)
 
 

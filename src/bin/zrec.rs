@@ -193,7 +193,7 @@ fn info_table(batch: &datafusion::arrow::record_batch::RecordBatch) -> Result<St
 }
 
 fn info(path: PathBuf) -> Result<()> {
-    if !path.join(zrecord::store::format::MANIFEST).exists() {
+    if !zrecord::store::is_store(&path)? {
         // A dataset root: one row per stream, sizes with units, and a total row.
         let table = ZrecordTable::open(&path)?;
         let batch = zrecord::query::info_batch(&table)?;
@@ -314,7 +314,7 @@ fn convert(a: ConvertArgs) -> Result<()> {
 }
 
 fn verify(path: PathBuf, quiet: bool) -> Result<u64> {
-    if !path.join(zrecord::store::format::MANIFEST).exists() {
+    if !zrecord::store::is_store(&path)? {
         let ds = Dataset::open(&path)?;
         let mut total = 0;
         for st in ds.streams() {
@@ -572,8 +572,33 @@ fn tmp_is(root: &std::path::Path) -> bool {
     root.file_name().map(|n| n.to_string_lossy().starts_with("zrec-demo-")).unwrap_or(false) && root.starts_with(std::env::temp_dir())
 }
 
+/// `zrec gc URL`: data folders below the store (or the stores of a dataset root) at URL that
+/// no manifest names: uploads of writers that crashed or lost a race.
+fn gc_remote(url: &str, dry_run: bool) -> zrecord::Result<()> {
+    use zrecord::store::object;
+    let root = object::connect(url.trim_end_matches('/'))?;
+    let mut found = object::leftovers(&root, !dry_run)?;
+    for d in root.list_dirs()? {
+        if !d.starts_with("data-") {
+            found.extend(object::leftovers(&root.join(&d), !dry_run)?);
+        }
+    }
+    for (u, n) in &found {
+        if dry_run {
+            println!("would remove: {u}/");
+        } else {
+            println!("removed: {u}/ ({n} objects)");
+        }
+    }
+    println!("{} leftover data folder(s){}", found.len(), if dry_run { " (dry run)" } else { " removed" });
+    Ok(())
+}
+
 fn gc(dir: &std::path::Path, dry_run: bool, all: bool) -> zrecord::Result<()> {
     use zrecord::store::publish::{leftovers, remove_leftovers};
+    if zrecord::store::object::is_url(dir) {
+        return gc_remote(dir.to_str().unwrap_or_default(), dry_run);
+    }
     let found = if dry_run { leftovers(dir)? } else { remove_leftovers(dir, all)? };
     let mut total = 0;
     for l in &found {

@@ -132,8 +132,8 @@ impl PyConverter {
     }
 
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
+    fn path(&self) -> crate::python::PyPath {
+        crate::python::PyPath(self.path.clone())
     }
 
     /// Publish the root; returns `{"path", "rows", "bytes", "streams": [(name, layout, codec)]}`.

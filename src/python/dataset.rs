@@ -55,8 +55,8 @@ impl PyDataset {
 
     /// The root folder.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.inner.path().to_path_buf()
+    fn path(&self) -> crate::python::PyPath {
+        crate::python::PyPath(self.inner.path().to_path_buf())
     }
 
     /// Stream names in column order.
@@ -119,8 +119,8 @@ impl PyDataset {
     }
 
     /// Pickles as its path; unpickling opens the root again.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (PathBuf,))> {
-        Ok((slf.get_type().into_any(), (slf.get().inner.path().to_path_buf(),)))
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath,))> {
+        Ok((slf.get_type().into_any(), (crate::python::PyPath(slf.get().inner.path().to_path_buf()),)))
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {

@@ -29,6 +29,9 @@ pub(crate) fn exception(e: &Error, msg: String) -> PyErr {
         Error::Shared(inner) => exception(inner, msg),
         Error::Timeout { .. } => PyTimeoutError::new_err(msg),
         Error::DataFusion(_) | Error::Arrow(_) if !std::ptr::eq(e.root(), e) => exception(e.root(), msg),
+        Error::Remote { kind: crate::error::RemoteKind::NotFound, .. } => PyFileNotFoundError::new_err(msg),
+        Error::Remote { kind: crate::error::RemoteKind::PermissionDenied, .. } => pyo3::exceptions::PyPermissionError::new_err(msg),
+        Error::Remote { .. } => PyOSError::new_err(msg),
         Error::Io { source, .. } => PyOSError::new_err((source.raw_os_error().unwrap_or(0), msg)),
         _ => PyValueError::new_err(msg),
     }

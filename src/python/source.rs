@@ -448,8 +448,8 @@ impl PyDatasetWriter {
     }
 
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
+    fn path(&self) -> crate::python::PyPath {
+        crate::python::PyPath(self.path.clone())
     }
 
     /// Publish the dataset root (idempotent). Nothing written yet is an error.

@@ -52,8 +52,8 @@ macro_rules! writer_class {
             }
 
             #[getter]
-            fn path(&self) -> PathBuf {
-                self.path.clone()
+            fn path(&self) -> crate::python::PyPath {
+                crate::python::PyPath(self.path.clone())
             }
 
             fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -254,8 +254,8 @@ macro_rules! store_class {
                 Ok(self.store()?.format_version())
             }
             #[getter]
-            fn path(&self) -> PyResult<PathBuf> {
-                Ok(self.store()?.path().to_path_buf())
+            fn path(&self) -> PyResult<crate::python::PyPath> {
+                Ok(crate::python::PyPath(self.store()?.path().to_path_buf()))
             }
             /// The trained dictionary of a zstd_dict store, else None.
             #[getter]
@@ -316,9 +316,9 @@ macro_rules! store_class {
                 false
             }
             /// Pickles as its path; unpickling opens the store again (nothing is mapped across).
-            fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (PathBuf,))> {
+            fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath,))> {
                 let path = slf.get().store().map_err(|_| PyValueError::new_err("a closed store cannot be pickled"))?.path().to_path_buf();
-                Ok((slf.get_type().into_any(), (path,)))
+                Ok((slf.get_type().into_any(), (crate::python::PyPath(path),)))
             }
         }
     };
@@ -375,6 +375,14 @@ store_class!(PyRaggedStore, RaggedStore, {
 pub(crate) fn open(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
     let store = py.detach(move || Store::open(&path)).py_err()?;
     wrap_store(py, store)
+}
+
+/// Storage options for object-store URLs at or below `prefix`.
+#[pyfunction]
+pub(crate) fn register_storage_options(py: Python<'_>, prefix: String, options: std::collections::HashMap<String, String>) -> PyResult<()> {
+    let mut opts: Vec<(String, String)> = options.into_iter().collect();
+    opts.sort();
+    py.detach(move || crate::store::object::register_storage_options(&prefix, opts)).py_err()
 }
 
 /// An opened store as its Python class.
@@ -498,10 +506,10 @@ impl PyDenseView {
 impl PyDenseView {
     /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
     /// and binds it (views of one allocator share one pool again after unpickling).
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (PathBuf, PyAllocator, bool))> {
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath, PyAllocator, bool))> {
         self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
         let f = py.import("zrecord._pickle")?.getattr("view")?;
-        Ok((f, (self.view.store().path().to_path_buf(), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
+        Ok((f, (crate::python::PyPath(self.view.store().path().to_path_buf()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
     }
 
     /// Whether reads check record checksums.
@@ -512,8 +520,8 @@ impl PyDenseView {
 
     /// The path of the store this view reads.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.view.store().path().to_path_buf()
+    fn path(&self) -> crate::python::PyPath {
+        crate::python::PyPath(self.view.store().path().to_path_buf())
     }
 
     fn __len__(&self) -> PyResult<usize> {
@@ -612,10 +620,10 @@ impl PyRaggedView {
 impl PyRaggedView {
     /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
     /// and binds it (views of one allocator share one pool again after unpickling).
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (PathBuf, PyAllocator, bool))> {
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath, PyAllocator, bool))> {
         self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
         let f = py.import("zrecord._pickle")?.getattr("view")?;
-        Ok((f, (self.view.store().path().to_path_buf(), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
+        Ok((f, (crate::python::PyPath(self.view.store().path().to_path_buf()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
     }
 
     /// Whether reads check record checksums.
@@ -626,8 +634,8 @@ impl PyRaggedView {
 
     /// The path of the store this view reads.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.view.store().path().to_path_buf()
+    fn path(&self) -> crate::python::PyPath {
+        crate::python::PyPath(self.view.store().path().to_path_buf())
     }
 
     fn __len__(&self) -> PyResult<usize> {

@@ -159,7 +159,7 @@ impl FileFormat for ZrecordFormat {
         let schema = input.schema();
         let columns = plan_columns(&schema)?;
         let path = local_path(&conf.original_url)?;
-        if std::fs::symlink_metadata(&path).is_ok() {
+        if !crate::store::object::is_url(&path) && std::fs::symlink_metadata(&path).is_ok() {
             return Err(Error::AlreadyExists { path }.into());
         }
         let sink = ZrecordSink { path, columns, options: self.options.clone(), schema: conf.output_schema.clone() };
@@ -171,13 +171,9 @@ impl FileFormat for ZrecordFormat {
     }
 }
 
-/// Local paths only for now (`file://` prefixes are accepted).
+/// A local path (`file://` prefix dropped) or an object-store URL, kept as a path.
 fn local_path(url: &str) -> Result<std::path::PathBuf> {
-    let p = url.strip_prefix("file://").unwrap_or(url);
-    if p.contains("://") {
-        return Err(Error::invalid("path", format!("'{url}': only local paths are supported for ZRECORD")));
-    }
-    Ok(std::path::PathBuf::from(p))
+    Ok(crate::store::object::local_path(std::path::Path::new(url)))
 }
 
 /// Listing-table scans of zrecord "files" are refused with a clear message.
@@ -288,13 +284,18 @@ pub struct ZrecordTableFactory;
 #[async_trait]
 impl TableProviderFactory for ZrecordTableFactory {
     async fn create(&self, _state: &dyn Session, cmd: &CreateExternalTable) -> DfResult<Arc<dyn TableProvider>> {
-        if !cmd.options.is_empty() {
-            let keys: Vec<&String> = cmd.options.keys().collect();
-            return Err(Error::invalid("option", format!("ZRECORD tables take no OPTIONS (got {keys:?})")).into());
-        }
         let [location] = &cmd.locations[..] else {
             return Err(Error::invalid("location", "a ZRECORD table takes exactly one LOCATION (a store or dataset root)").into());
         };
+        if !cmd.options.is_empty() {
+            // OPTIONS are storage options of an object-store LOCATION ('aws_endpoint' ...).
+            if !location.contains("://") || location.starts_with("file://") {
+                let keys: Vec<&String> = cmd.options.keys().collect();
+                return Err(Error::invalid("option", format!("a local ZRECORD table takes no OPTIONS (got {keys:?}); OPTIONS are storage options of URL locations")).into());
+            }
+            let opts: Vec<(String, String)> = cmd.options.iter().map(|(k, v)| (k.trim_start_matches("format.").to_string(), v.clone())).collect();
+            crate::store::object::register_storage_options(location, opts)?;
+        }
         let path = local_path(location)?;
         let table = ZrecordTable::open(&path)?;
         Ok(Arc::new(table))

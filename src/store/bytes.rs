@@ -60,6 +60,12 @@ pub trait ByteSource: Send + Sync {
     fn read_at_cold(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         self.read_at(offset, out)
     }
+
+    /// The object-store file behind this source, when it is one (gathers stage its ranges
+    /// first: see `store::object::preload`).
+    fn as_object(&self) -> Option<&crate::store::object::ObjectFile> {
+        None
+    }
 }
 
 /// How a reader is about to use a byte range (see [`ByteSource::advise`]).

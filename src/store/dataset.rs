@@ -142,47 +142,23 @@ impl Dataset {
     /// Open a store (one stream named after its folder, extension dropped) or a dataset root.
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
         let path = path.as_ref();
+        if crate::store::object::is_url(path) {
+            return Dataset::open_remote(path);
+        }
+        let local = crate::store::object::local_path(path);
+        let path = local.as_path();
         if path.join(format::MANIFEST).exists() {
-            let store = Store::open(path)?;
-            let len = store.len();
-            let stream = Stream::of_store(store_column_name(path), &store);
-            return Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None });
+            return Dataset::single(path);
         }
         let meta = path.join(DATASET_FILE);
-        let mut metadata = None;
-        let streams = if meta.exists() {
+        if meta.exists() {
             // Bounded, regular files only (a FIFO named dataset.json must not hang open).
             let text = crate::store::bytes::LocalFolder::new(path, Default::default())
                 .read_small(DATASET_FILE, 16 << 20)?
                 .ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "dataset.json vanished while opening".into() })?;
-            let m: DatasetManifest = serde_json::from_slice(&text).map_err(|e| Error::corrupt(&meta, format!("dataset JSON: {e}")))?;
-            if m.format != DATASET_FORMAT {
-                return Err(Error::corrupt(&meta, format!("format is '{}', not '{DATASET_FORMAT}'", m.format)));
-            }
-            if m.version != DATASET_VERSION {
-                return Err(Error::UnsupportedVersion { path: meta, found: m.version, supported: DATASET_VERSION });
-            }
-            metadata = m.metadata;
-            let mut streams = Vec::with_capacity(m.streams.len());
-            for e in m.streams {
-                if e.path.contains("..") || e.path.starts_with('/') {
-                    return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
-                }
-                let store = Store::open(inside_root(path, &path.join(&e.path), &e.name)?)?;
-                // Version-1 stores know no logical type: dataset.json says it. A version-2
-                // store records its own, which must agree.
-                let logical = match (e.logical, store.logical()) {
-                    (l, Logical::Tensor) | (Logical::Tensor, l) => l,
-                    (a, b) if a == b => a,
-                    (a, b) => return Err(Error::corrupt(&meta, format!("stream '{}' is marked {a} but its store says {b}", e.name))),
-                };
-                let source = with_logical(store.source(), logical).map_err(|_| {
-                    Error::corrupt(&meta, format!("stream '{}' is marked {} but is not a uint8 ndim-1 ragged store", e.name, logical.name()))
-                })?;
-                streams.push(Stream::new(e.name, source));
-            }
-            streams
-        } else if path.is_dir() {
+            return Dataset::described(path, &text, |name, rel| Store::open(inside_root(path, &path.join(rel), name)?));
+        }
+        let streams = if path.is_dir() {
             let mut dirs: Vec<PathBuf> = fs::read_dir(path)
                 .map_err(|e| Error::io(path, e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
@@ -198,10 +174,78 @@ impl Dataset {
         } else {
             return Err(Error::NotFound { path: path.to_path_buf(), reason: "no manifest.json or dataset.json (and not a folder)".into() });
         };
+        Dataset::found(path, streams)
+    }
+
+    /// One store as a one-stream dataset.
+    fn single(path: &Path) -> Result<Dataset> {
+        let store = Store::open(path)?;
+        let len = store.len();
+        let stream = Stream::of_store(store_column_name(path), &store);
+        Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None })
+    }
+
+    fn found(path: &Path, streams: Vec<Stream>) -> Result<Dataset> {
         if streams.is_empty() {
             return Err(Error::NotFound { path: path.to_path_buf(), reason: "neither a store nor a dataset root (no streams found)".into() });
         }
-        let mut d = Dataset::from_streams(path.to_path_buf(), streams)?;
+        Dataset::from_streams(path.to_path_buf(), streams)
+    }
+
+    /// A store or dataset root on an object store: `manifest.json` (a store),
+    /// `dataset.json` (a root), else the sub-folders that hold a store.
+    fn open_remote(path: &Path) -> Result<Dataset> {
+        let url = path.to_str().unwrap_or_default().trim_end_matches('/');
+        let remote = crate::store::object::connect(url)?;
+        if remote.exists(format::MANIFEST)? {
+            return Dataset::single(Path::new(url));
+        }
+        if let Some(text) = remote.get_small(DATASET_FILE, 16 << 20)? {
+            return Dataset::described(Path::new(url), &text, |_, rel| Store::open(format!("{url}/{}", rel.trim_matches('/'))));
+        }
+        let mut streams = Vec::new();
+        for d in remote.list_dirs()? {
+            if remote.join(&d).exists(format::MANIFEST)? {
+                let store = Store::open(format!("{url}/{d}"))?;
+                streams.push(Stream::of_store(d, &store));
+            }
+        }
+        if streams.is_empty() {
+            return Err(Error::NotFound { path: path.to_path_buf(), reason: "no manifest.json, no dataset.json and no stores below this URL".into() });
+        }
+        Dataset::found(path, streams)
+    }
+
+    /// A root described by `dataset.json` (`text`); `open(name, relative path)` opens a stream's store.
+    fn described(path: &Path, text: &[u8], open: impl Fn(&str, &str) -> Result<Store>) -> Result<Dataset> {
+        let meta = path.join(DATASET_FILE);
+        let m: DatasetManifest = serde_json::from_slice(text).map_err(|e| Error::corrupt(&meta, format!("dataset JSON: {e}")))?;
+        if m.format != DATASET_FORMAT {
+            return Err(Error::corrupt(&meta, format!("format is '{}', not '{DATASET_FORMAT}'", m.format)));
+        }
+        if m.version != DATASET_VERSION {
+            return Err(Error::UnsupportedVersion { path: meta, found: m.version, supported: DATASET_VERSION });
+        }
+        let metadata = m.metadata;
+        let mut streams = Vec::with_capacity(m.streams.len());
+        for e in m.streams {
+            if e.path.contains("..") || e.path.starts_with('/') || e.path.contains("://") {
+                return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
+            }
+            let store = open(&e.name, &e.path)?;
+            // Version-1 stores know no logical type: dataset.json says it. A version-2
+            // store records its own, which must agree.
+            let logical = match (e.logical, store.logical()) {
+                (l, Logical::Tensor) | (Logical::Tensor, l) => l,
+                (a, b) if a == b => a,
+                (a, b) => return Err(Error::corrupt(&meta, format!("stream '{}' is marked {a} but its store says {b}", e.name))),
+            };
+            let source = with_logical(store.source(), logical).map_err(|_| {
+                Error::corrupt(&meta, format!("stream '{}' is marked {} but is not a uint8 ndim-1 ragged store", e.name, logical.name()))
+            })?;
+            streams.push(Stream::new(e.name, source));
+        }
+        let mut d = Dataset::found(path, streams)?;
         d.metadata = metadata;
         Ok(d)
     }

@@ -294,6 +294,11 @@ pub struct Manifest {
     pub stored_bytes: u64,
     /// Every file of the store but the manifest.
     pub files: Vec<FileEntry>,
+    /// The sub-folder holding the files, when they are not next to the manifest (stores
+    /// published to object storage: each writer uploads below a fresh folder and the
+    /// create-only manifest decides which one is the store; see `store::object`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<String>,
     /// Writer that made it.
     pub created_by: String,
 }
@@ -346,7 +351,21 @@ impl Manifest {
         if m.allow_empty && m.kind != Kind::Ragged {
             return Err(Error::corrupt(path, "allow_empty is only meaningful for ragged stores"));
         }
+        if let Some(d) = &m.data_dir {
+            let ok = !d.is_empty() && d != "." && d != ".." && d.len() <= 200 && d.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c));
+            if !ok {
+                return Err(Error::corrupt(path, format!("data_dir '{d}' is not a plain folder name")));
+            }
+        }
         Ok(m)
+    }
+
+    /// Where file `name` is stored, relative to the manifest's folder.
+    pub fn stored_name(&self, name: &str) -> String {
+        match &self.data_dir {
+            Some(d) => format!("{d}/{name}"),
+            None => name.to_string(),
+        }
     }
 
     /// The listed entry for a file name.
@@ -378,6 +397,7 @@ mod tests {
             stored_bytes: 80,
             files: vec![FileEntry { name: INDEX.into(), bytes: 184, xxh3: "00ff".into() }],
             created_by: "test".into(),
+            data_dir: None,
         }
     }
 

@@ -206,6 +206,7 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
     let b = ids.len();
     let total = rb.checked_mul(b).ok_or_else(|| Error::invalid("indices", format!("{b} records of {rb} bytes overflow")))?;
     let mut alloc = allocator.allocate(total)?;
+    let _staged = core.stage(ids)?;
     core.prefetch_cold(ids);
     let started = std::time::Instant::now();
     if rb > 0 && b > 0 {
@@ -268,6 +269,7 @@ pub(crate) fn gather_ragged(core: &StoreCore, allocator: &Allocator, ids: Ids<'_
     let b = ids.len();
     let nd = core.ndim;
     let esize = core.dtype.size();
+    let _staged = core.stage(ids)?;
     core.prefetch_cold(ids);
     let started = std::time::Instant::now();
     // Pass 1: read (and check) every shape row once; offsets follow from them.

@@ -25,12 +25,19 @@ pub struct Staging {
     dest: PathBuf,
     tmp: PathBuf,
     published: bool,
+    /// A destination on an object store: the staging folder is local (under the temp
+    /// folder, or `ZRECORD_STAGING_DIR`) and publishing uploads it (see `store::object`).
+    remote: Option<crate::store::object::Remote>,
 }
 
 impl Staging {
     /// Create the staging folder for `dest`, which must not exist (its parent is created).
     pub fn create(dest: impl AsRef<Path>) -> Result<Staging> {
-        let dest = dest.as_ref().to_path_buf();
+        let dest = dest.as_ref();
+        if crate::store::object::is_url(dest) {
+            return Staging::create_remote(dest);
+        }
+        let dest = crate::store::object::local_path(dest);
         if fs::symlink_metadata(&dest).is_ok() {
             return Err(Error::AlreadyExists { path: dest });
         }
@@ -43,7 +50,24 @@ impl Staging {
         fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
         let tmp = parent.join(format!(".{name}.zrecord-tmp-{}-{}", std::process::id(), TMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
         fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        Ok(Staging { dest, tmp, published: false })
+        Ok(Staging { dest, tmp, published: false, remote: None })
+    }
+
+    /// Staging for a URL destination: a local folder, uploaded on publish. Fails early when a
+    /// store or dataset is already published there (publishing checks again, create-only).
+    fn create_remote(dest: &Path) -> Result<Staging> {
+        let url = dest.to_str().unwrap_or_default().trim_end_matches('/').to_string();
+        let remote = crate::store::object::connect(&url)?;
+        for name in [crate::store::format::MANIFEST, crate::store::dataset::DATASET_FILE] {
+            if remote.exists(name)? {
+                return Err(Error::AlreadyExists { path: PathBuf::from(&url) });
+            }
+        }
+        let base = std::env::var_os("ZRECORD_STAGING_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        fs::create_dir_all(&base).map_err(|e| Error::io(&base, e))?;
+        let tmp = base.join(format!(".upload.zrecord-tmp-{}-{}", std::process::id(), TMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
+        fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        Ok(Staging { dest: PathBuf::from(url), tmp, published: false, remote: Some(remote) })
     }
 
     /// The staging folder: write the output's files here.
@@ -60,6 +84,11 @@ impl Staging {
     /// it to the destination without replacing anything, fsync the parent. Every other file
     /// must already be fsynced by its writer.
     pub fn publish(mut self, manifest_name: &str, manifest: &[u8]) -> Result<PathBuf> {
+        if let Some(remote) = self.remote.take() {
+            // Uploaded, manifest last and create-only; the local folder goes when `self` drops.
+            crate::store::object::upload_published(&self.tmp, &remote, manifest_name, manifest)?;
+            return Ok(self.dest.clone());
+        }
         let mpath = self.tmp.join(manifest_name);
         {
             let mut f = File::create_new(&mpath).map_err(|e| Error::io(&mpath, e))?;

@@ -186,6 +186,8 @@ pub(crate) struct StoreCore {
     pub(crate) records_read: std::sync::atomic::AtomicU64,
     /// Cold-read mode and the mapped-residency bound (see [`Residency`]).
     pub(crate) residency: Residency,
+    /// The files are on an object store: gathers stage their ranges first ([`StoreCore::stage`]).
+    pub(crate) remote: bool,
 }
 
 /// How a store's gathers meet storage. Gathers from a mapping that is not in the page cache
@@ -281,7 +283,7 @@ fn open_index(loc: &dyn Location, manifest: &Manifest, mpath: &Path) -> Result<B
     if listed(manifest, mpath, format::INDEX)? != want {
         return Err(Error::corrupt(mpath, format!("index size {} does not match {len} records", listed(manifest, mpath, format::INDEX)?)));
     }
-    let index = loc.open(format::INDEX, want)?;
+    let index = loc.open(&manifest.stored_name(format::INDEX), want)?;
     let (entry, _) = format::read_header(&header_of(index.as_ref())?, format::INDEX_MAGIC, index.path())?;
     if entry as usize != ENTRY_BYTES {
         return Err(Error::corrupt(index.path(), format!("entry size {entry}, expected {ENTRY_BYTES}")));
@@ -299,7 +301,7 @@ fn open_shapes(loc: &dyn Location, manifest: &Manifest, mpath: &Path, ndim: usiz
     if listed(manifest, mpath, format::SHAPES)? as u128 != want {
         return Err(Error::corrupt(mpath, format!("shapes size does not match {len} records of ndim {ndim}")));
     }
-    let m = loc.open(format::SHAPES, want as u64)?;
+    let m = loc.open(&manifest.stored_name(format::SHAPES), want as u64)?;
     let (nd, _) = format::read_header(&header_of(m.as_ref())?, format::SHAPES_MAGIC, m.path())?;
     if nd as usize != ndim {
         return Err(Error::corrupt(m.path(), format!("header ndim {nd}, manifest ndim {ndim}")));
@@ -313,7 +315,7 @@ fn open_shards(loc: &dyn Location, manifest: &Manifest, mpath: &Path) -> Result<
     let mut shards = Vec::with_capacity(s);
     for i in 0..s {
         let name = format::shard_name(i);
-        let m = loc.open(&name, listed(manifest, mpath, &name)?)?;
+        let m = loc.open(&manifest.stored_name(&name), listed(manifest, mpath, &name)?)?;
         let (id, _) = format::read_header(&header_of(m.as_ref())?, format::DATA_MAGIC, m.path())?;
         if id as usize != i {
             return Err(Error::corrupt(m.path(), format!("header says shard {id}")));
@@ -328,10 +330,10 @@ fn read_dictionary(loc: &dyn Location, manifest: &Manifest, mpath: &Path, codec:
     if codec != Codec::ZstdDict {
         return Ok(None);
     }
-    let dpath = loc.path().join(format::DICTIONARY);
+    let dpath = loc.path().join(manifest.stored_name(format::DICTIONARY));
     let entry = manifest.file(format::DICTIONARY).ok_or_else(|| Error::corrupt(mpath, "zstd_dict store lists no dictionary"))?;
     let d = loc
-        .read_small(format::DICTIONARY, MAX_DICTIONARY_BYTES)?
+        .read_small(&manifest.stored_name(format::DICTIONARY), MAX_DICTIONARY_BYTES)?
         .ok_or_else(|| Error::corrupt(&dpath, "dictionary file is missing"))?;
     if d.len() as u64 != entry.bytes || file_hash_hex(&d) != entry.xxh3 {
         return Err(Error::corrupt(&dpath, "dictionary size or checksum mismatch"));
@@ -357,6 +359,12 @@ fn read_fixed<const N: usize>(f: &StoreFile, at: usize) -> Result<[u8; N]> {
 impl StoreCore {
     /// Open the store in a local folder, memory-mapped.
     pub(crate) fn open(path: &Path) -> Result<StoreCore> {
+        if crate::store::object::is_url(path) {
+            let url = path.to_str().unwrap_or_default();
+            return StoreCore::open_at(&crate::store::object::ObjectLocation::connect(url)?);
+        }
+        let local = crate::store::object::local_path(path);
+        let path = local.as_path();
         if !path.is_dir() {
             return Err(Error::NotFound { path: path.to_path_buf(), reason: "no such folder".into() });
         }
@@ -388,12 +396,14 @@ impl StoreCore {
         let dictionary = read_dictionary(loc, &manifest, &mpath, d.codec)?;
         let decoder = Decoder::new(d.codec, dictionary.as_deref(), &path)?;
         let len = manifest.record_count;
+        let remote = index.as_object().is_some();
         let seed_key = if manifest.checksums_bind_dictionary { format::dictionary_key(dictionary.as_deref()) } else { 0 };
         Ok(StoreCore {
             seed_key,
             verified: VerifiedSet::new(len),
             records_read: std::sync::atomic::AtomicU64::new(0),
             residency: Residency::default(),
+            remote,
             path,
             kind: manifest.kind,
             dtype: d.dtype,
@@ -477,7 +487,7 @@ impl StoreCore {
     /// In cold mode, ask the kernel for every page a gather of `ids` will touch, all at once
     /// (see [`Residency`]). Does nothing otherwise.
     pub(crate) fn prefetch_cold(&self, ids: crate::store::Ids<'_>) {
-        if !self.residency.cold.load(Ordering::Relaxed) || ids.is_empty() {
+        if !self.residency.cold.load(Ordering::Relaxed) || ids.is_empty() || self.remote {
             return;
         }
         let n = ids.len();
@@ -515,11 +525,50 @@ impl StoreCore {
         }
     }
 
+    /// For a store on an object store, fetch everything a gather of `ids` reads, before it
+    /// reads: the index pages (and shape rows) of the ids, then the records' byte ranges, each
+    /// step's requests coalesced and in flight together (see `store::object::preload`). The
+    /// ranges stay pinned in the store's cache until the returned guard drops. Local stores:
+    /// nothing.
+    pub(crate) fn stage(&self, ids: crate::store::Ids<'_>) -> Result<Option<crate::store::object::Staged>> {
+        use crate::store::object::{preload, Plan};
+        if !self.remote || ids.is_empty() {
+            return Ok(None);
+        }
+        let n = ids.len();
+        fn rows<'a>(f: &'a StoreFile, ids: crate::store::Ids<'_>, row: usize) -> Vec<(&'a crate::store::object::ObjectFile, u64, u64)> {
+            let Some(o) = f.source().as_object() else { return Vec::new() };
+            (0..ids.len())
+                .map(|k| {
+                    let a = (HEADER_BYTES as u64).saturating_add(ids.get(k).saturating_mul(row as u64));
+                    (o, a, a.saturating_add(row as u64))
+                })
+                .collect()
+        }
+        let mut meta = rows(&self.index, ids, ENTRY_BYTES);
+        if let Some(sh) = &self.shapes {
+            meta.extend(rows(sh, ids, self.ndim * 8));
+        }
+        let pages = preload(meta, Plan::Pages)?;
+        let mut data = Vec::with_capacity(n);
+        for k in 0..n {
+            let id = ids.get(k);
+            let e = self.entry(id)?;
+            let shard = self.shard(id, &e)?;
+            if let Some(o) = shard.source().as_object() {
+                data.push((o, e.offset, e.offset.saturating_add(e.stored_len as u64)));
+            }
+        }
+        let mut staged = preload(data, Plan::Ranges)?;
+        staged.absorb(pages);
+        Ok(Some(staged))
+    }
+
     /// After a gather's reads of `records` records, `bytes` bytes, took `elapsed` (hints not
     /// counted): switch cold mode on or off, and release mapped pages past the residency bound.
     pub(crate) fn observe(&self, records: usize, bytes: usize, elapsed: std::time::Duration) {
         let r = &self.residency;
-        if records == 0 {
+        if records == 0 || self.remote {
             return;
         }
         let warm_ns = records as u64 * WARM_NS_PER_RECORD + bytes as u64 / WARM_BYTES_PER_NS;

@@ -506,6 +506,7 @@ impl WriterCore {
             stored_bytes: self.stored_bytes,
             files,
             created_by: concat!("zrecord ", env!("CARGO_PKG_VERSION")).into(),
+            data_dir: None,
         };
         self.staging.publish(format::MANIFEST, &manifest.to_bytes()?)
     }
