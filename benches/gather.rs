@@ -268,7 +268,7 @@ fn sparse_store(path: &std::path::Path, n: u64) {
     let m = Manifest {
         format: "zrecord".into(), version: format::FORMAT_VERSION, kind: Kind::Dense, dtype: "uint8".into(),
         item_shape: Some(vec![1]), ndim: None, logical: Default::default(), allow_empty: false, checksums_bind_dictionary: false, codec: "raw".into(), level: 0, record_count: n, data_shards: 1,
-        raw_bytes: n, stored_bytes: n, files, created_by: "bench".into(),
+        raw_bytes: n, stored_bytes: n, files, created_by: "bench".into(), data_dir: None,
     };
     std::fs::write(path.join(format::MANIFEST), m.to_bytes().expect("manifest")).expect("write");
 }

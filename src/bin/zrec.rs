@@ -579,7 +579,7 @@ fn gc_remote(url: &str, dry_run: bool) -> zrecord::Result<()> {
     let root = object::connect(url.trim_end_matches('/'))?;
     let mut found = object::leftovers(&root, !dry_run)?;
     for d in root.list_dirs()? {
-        if !d.starts_with("data-") {
+        if !d.starts_with("upload-") {
             found.extend(object::leftovers(&root.join(&d), !dry_run)?);
         }
     }

@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods};
 
 use crate::python::errors::{exception, IntoPy};
-use crate::query::{id_list, zrecord_context_with_config, zrecord_error, PlanCache, PreparedQuery, SessionContextExt, ZrecordTable};
+use crate::query::{id_list, zrecord_context_with_config, zrecord_error, PlanCache, PreparedQuery, ZrecordTable};
 use datafusion::common::ScalarValue;
 
 /// One multi-threaded runtime for every query started from Python.
@@ -76,9 +76,11 @@ impl PySessionContext {
     }
 
     /// Register the store or dataset root at `path` as table `name`.
-    fn register(&self, name: &str, path: std::path::PathBuf) -> PyResult<()> {
+    fn register(&self, py: Python<'_>, name: &str, path: std::path::PathBuf) -> PyResult<()> {
         self.cache.clear();
-        self.ctx.register_zrecord(name, &path).map_err(df_to_py)
+        // Opening may read from an object store: without the GIL.
+        let table = py.detach(|| ZrecordTable::open(&path)).py_err()?;
+        self.ctx.register_table(name, Arc::new(table)).map(|_| ()).map_err(df_to_py)
     }
 
     /// Register any Arrow data (pyarrow Table / RecordBatchReader, polars DataFrame, anything
@@ -429,8 +431,8 @@ pub struct PyTable {
 #[pymethods]
 impl PyTable {
     #[new]
-    fn new(path: std::path::PathBuf) -> PyResult<Self> {
-        Ok(PyTable { table: Arc::new(ZrecordTable::open(&path).py_err()?) })
+    fn new(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        Ok(PyTable { table: Arc::new(py.detach(|| ZrecordTable::open(&path)).py_err()?) })
     }
 
     /// Column names (`_id` first, then the streams).

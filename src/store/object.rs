@@ -155,8 +155,11 @@ impl RemoteOptions {
 }
 
 /// Storage options registered per URL prefix (longest match wins).
-fn registered() -> &'static Mutex<Vec<(String, Vec<(String, String)>)>> {
-    static R: OnceLock<Mutex<Vec<(String, Vec<(String, String)>)>>> = OnceLock::new();
+/// `(URL prefix, options)` pairs.
+type Registered = Vec<(String, Vec<(String, String)>)>;
+
+fn registered() -> &'static Mutex<Registered> {
+    static R: OnceLock<Mutex<Registered>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(Vec::new()))
 }
 
@@ -238,7 +241,7 @@ pub fn connect_with(url: &str, options: &[(String, String)]) -> Result<Remote> {
         match cache.get(&cache_key) {
             Some(s) => s.clone(),
             None => {
-                let s = build_store(&scheme, &root, &store_opts, &opts).map_err(|e| bad(e))?;
+                let s = build_store(&scheme, &root, &store_opts, &opts).map_err(&bad)?;
                 cache.insert(cache_key, s.clone());
                 s
             }
@@ -378,7 +381,15 @@ impl Remote {
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
                 return Error::AlreadyExists { path: PathBuf::from(self.url_of(name)) }
             }
-            _ => (RemoteKind::Other, status_of(&message)),
+            _ => {
+                let status = status_of(&message);
+                let kind = match status {
+                    Some(404) => RemoteKind::NotFound,
+                    Some(401 | 403) => RemoteKind::PermissionDenied,
+                    _ => RemoteKind::Other,
+                };
+                (kind, status)
+            }
         };
         Error::Remote { url: self.url_of(name), range: range.map(|r| (r.start, r.end)), status, kind, message }
     }
@@ -559,6 +570,9 @@ struct CachedRange {
     data: Bytes,
     used: u64,
     pins: u32,
+    /// Record bytes staged for one gather: dropped when the last gather using them ends
+    /// (metadata pages stay, least recently used out first).
+    transient: bool,
 }
 
 impl RangeCache {
@@ -574,14 +588,15 @@ impl RangeCache {
         Some((start, e.data.clone()))
     }
 
-    fn insert(&mut self, file: u32, start: u64, data: Bytes, pin: bool) {
+    fn insert(&mut self, file: u32, start: u64, data: Bytes, pin: bool, transient: bool) {
         self.clock += 1;
         let n = data.len() as u64;
-        let old = self.map.insert((file, start), CachedRange { data, used: self.clock, pins: pin as u32 });
+        let old = self.map.insert((file, start), CachedRange { data, used: self.clock, pins: pin as u32, transient });
         if let Some(old) = old {
             self.bytes -= old.data.len() as u64;
             if let Some(e) = self.map.get_mut(&(file, start)) {
                 e.pins += old.pins;
+                e.transient &= old.transient;
             }
         }
         self.bytes += n;
@@ -591,6 +606,11 @@ impl RangeCache {
     fn unpin(&mut self, file: u32, start: u64) {
         if let Some(e) = self.map.get_mut(&(file, start)) {
             e.pins = e.pins.saturating_sub(1);
+            if e.pins == 0 && e.transient {
+                let n = e.data.len() as u64;
+                self.map.remove(&(file, start));
+                self.bytes -= n;
+            }
         }
         self.evict();
     }
@@ -669,7 +689,7 @@ impl Location for ObjectLocation {
         let id = self.next_file.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let file = ObjectFile { remote: self.remote.clone(), name: name.to_string(), path: PathBuf::from(url), len: size, id, cache: self.cache.clone() };
         if !head.is_empty() {
-            self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(id, 0, head, false);
+            self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(id, 0, head, false, false);
         }
         Ok(Box::new(file))
     }
@@ -744,7 +764,7 @@ impl ByteSource for ObjectFile {
         }
         copy_out(&data, (offset - range.start) as usize, out);
         if len <= page {
-            self.cache().insert(self.id, range.start, data, false);
+            self.cache().insert(self.id, range.start, data, false, false);
         }
         Ok(())
     }
@@ -804,7 +824,7 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
         let (a, z) = if plan == Plan::Pages { let r = f.page_of(a, z - a); (r.start, r.end) } else { (a, z.min(f.len)) };
         match per_file.iter_mut().find(|(g, _)| std::ptr::eq(*g, f)) {
             Some((_, v)) => v.push(a..z),
-            None => per_file.push((f, vec![a..z])),
+            None => per_file.push((f, std::iter::once(a..z).collect())),
         }
     }
     let mut jobs: Vec<(usize, Vec<Range<u64>>)> = Vec::new();
@@ -849,7 +869,8 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
         return Ok(staged);
     }
     // One stream of requests over every file, bounded together.
-    let tasks: Vec<(usize, Range<u64>, Arc<dyn ObjectStore>, ObjectPath)> = jobs
+    type Task = (usize, Range<u64>, Arc<dyn ObjectStore>, ObjectPath);
+    let tasks: Vec<Task> = jobs
         .iter()
         .flat_map(|(i, rs)| {
             let f = per_file[*i].0;
@@ -873,7 +894,7 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
         let f = per_file[i].0;
         match res {
             Ok(data) if data.len() as u64 == r.end - r.start => {
-                f.cache().insert(f.id, r.start, data, true);
+                f.cache().insert(f.id, r.start, data, true, plan == Plan::Ranges);
                 staged.pins.push((f.cache.clone(), f.id, r.start));
             }
             Ok(data) => {
@@ -933,7 +954,7 @@ fn fresh_data_dir() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let mut seed = [0u8; 8];
     let _ = getrandom::fill(&mut seed);
-    format!("data-{t:x}-{:x}-{}-{:016x}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed), u64::from_le_bytes(seed))
+    format!("upload-{t:x}-{:x}-{}-{:016x}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed), u64::from_le_bytes(seed))
 }
 
 /// Publish a local staging folder (a store, or a dataset root of stores + `dataset.json`) at
@@ -983,7 +1004,7 @@ pub fn leftovers(dest: &Remote, remove: bool) -> Result<Vec<(String, u64)>> {
     };
     let mut out = Vec::new();
     for d in dest.list_dirs()? {
-        if !d.starts_with("data-") || live.as_deref() == Some(d.as_str()) {
+        if !d.starts_with("upload-") || live.as_deref() == Some(d.as_str()) {
             continue;
         }
         let n = if remove { dest.delete_tree(&d)? } else { 0 };
@@ -1037,7 +1058,11 @@ mod tests {
         }
         assert!(matches!(read(src.as_ref(), 9_990, 20), Err(Error::Corrupt { .. })), "past the end");
         drop(staged);
-        assert!(f.cache().bytes <= 4096, "unpinned ranges are evicted down to the budget");
+        {
+            let c = f.cache();
+            assert!(c.bytes <= 4096, "unpinned ranges are evicted down to the budget");
+            assert!(c.map.keys().all(|k| ![1000, 5000, 6000, 7000, 8000].contains(&k.1)), "staged record ranges go when their gather ends: {:?}", c.map.keys().collect::<Vec<_>>());
+        }
         // Pages: index-like reads round to aligned pages.
         let _s = preload(vec![(f, 300, 316), (f, 2000, 2016)], Plan::Pages).unwrap_or_else(|e| panic!("{e}"));
         let c = f.cache();

@@ -27,7 +27,7 @@ pub struct Staging {
     published: bool,
     /// A destination on an object store: the staging folder is local (under the temp
     /// folder, or `ZRECORD_STAGING_DIR`) and publishing uploads it (see `store::object`).
-    remote: Option<crate::store::object::Remote>,
+    remote: Option<Box<crate::store::object::Remote>>,
 }
 
 impl Staging {
@@ -67,7 +67,7 @@ impl Staging {
         fs::create_dir_all(&base).map_err(|e| Error::io(&base, e))?;
         let tmp = base.join(format!(".upload.zrecord-tmp-{}-{}", std::process::id(), TMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
         fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        Ok(Staging { dest: PathBuf::from(url), tmp, published: false, remote: Some(remote) })
+        Ok(Staging { dest: PathBuf::from(url), tmp, published: false, remote: Some(Box::new(remote)) })
     }
 
     /// The staging folder: write the output's files here.

@@ -51,7 +51,7 @@ impl Location {
         if let Some((scheme, _)) = uri.split_once("://") {
             return match Remote::parse(uri)? {
                 Some(r) => Ok(Location::Remote(r)),
-                None => Err(Error::invalid("uri", format!("'{uri}': scheme '{scheme}://' is not supported (paths, file://, http(s)://, s3://)"))),
+                None => Err(Error::invalid("uri", format!("'{uri}': scheme '{scheme}://' is not supported (paths, file://, http(s)://, s3://, gs://, az://)"))),
             };
         }
         if uri.is_empty() {
