@@ -91,6 +91,7 @@ def main():
     ap.add_argument("--latency-ms", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--gaps", default="131072,16384", help="zrecord_coalesce_gap values to measure (the first is the default)")
     args = ap.parse_args()
     import boto3
     import lance
@@ -125,13 +126,19 @@ def main():
             with zrecord.DenseWriter(f"s3://bench/w/{name}", np.uint8, data.shape[1:], "raw") as w:
                 w.append(data)
         else:
-            with zrecord.RaggedWriter(f"s3://bench/w/{name}", np.int32, 1, "raw") as w:
-                w.append(zrecord.RaggedBatch(values, cu, np.diff(cu).astype(np.uint64).reshape(-1, 1)))
+            for codec, suffix in (("raw", ""), ("zstd", "-zstd")):
+                with zrecord.RaggedWriter(f"s3://bench/w/{name}{suffix}", np.int32, 1, codec) as w:
+                    w.append(zrecord.RaggedBatch(values, cu, np.diff(cu).astype(np.uint64).reshape(-1, 1)))
         # the same objects, read through the proxy under another prefix name
-        for obj in s3.list_objects_v2(Bucket="bench", Prefix=f"w/{name}/")["Contents"]:
+        for obj in s3.list_objects_v2(Bucket="bench", Prefix=f"w/{name}")["Contents"]:
             s3.copy_object(Bucket="bench", Key="r/" + obj["Key"][2:], CopySource={"Bucket": "bench", "Key": obj["Key"]})
         lance.write_dataset(table, f"s3://bench/lance/{name}.lance", storage_options=dict(creds, aws_endpoint=direct), max_rows_per_file=1 << 30)
-        zr = zrecord.open(f"s3://bench/r/{name}").bind(zrecord.Allocator())
+        gaps = [int(g) for g in args.gaps.split(",")]
+        zviews = {}
+        for g in gaps:
+            zrecord.set_storage_options("s3://bench/r", dict(creds, aws_endpoint=via, zrecord_coalesce_gap=str(g)))
+            zviews[g] = zrecord.open(f"s3://bench/r/{name}").bind(zrecord.Allocator())
+        zr = zviews[gaps[0]]
         ld = lance.dataset(f"s3://bench/lance/{name}.lance", storage_options=dict(creds, aws_endpoint=via))
         batches = [np.sort(rng.integers(0, n, BATCH)) for _ in range(64)]
 
@@ -150,7 +157,13 @@ def main():
         else:
             assert np.array_equal(np.from_dlpack(got.values), want.combine_chunks().flatten().to_numpy())
         returned = BATCH * (data[0].nbytes if name == "dense_vision" else float(np.mean(np.diff(cu))) * 4)
-        for system, fn in (("zrecord", z_take), ("lance", l_take)):
+        systems = [(f"zrecord raw (gap {g >> 10} KiB)", (lambda v: lambda ids: v.gather(ids))(zviews[g])) for g in gaps]
+        if name == "ragged_tokens":
+            zstd_view = zrecord.open(f"s3://bench/r/{name}-zstd").bind(zrecord.Allocator())
+            assert np.array_equal(np.from_dlpack(zstd_view.gather(ids).values), np.from_dlpack(got.values))
+            systems.append((f"zrecord zstd (gap {gaps[-1] >> 10} KiB)", zstd_view.gather))
+        systems.append(("lance", l_take))
+        for system, fn in systems:
             fn(batches[1])  # warm metadata caches
             proxy.reset()
             t0, k = time.perf_counter(), 0
