@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
-import threading
 import time
 
 import numpy as np
@@ -27,63 +25,10 @@ import zrecord
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import ragged_tokens, vision  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python"))
+from _servers import DelayProxy  # noqa: E402
+
 BATCH = 256
-
-
-class DelayProxy:
-    """TCP proxy: every chunk a client sends waits `latency` seconds before it is forwarded
-    (one request = one chunk for GETs). Counts requests and bytes sent back."""
-
-    def __init__(self, upstream_port, latency):
-        self.upstream, self.latency = upstream_port, latency
-        self.requests = 0
-        self.bytes_back = 0
-        self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(256)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while True:
-            c, _ = self.sock.accept()
-            u = socket.create_connection(("127.0.0.1", self.upstream))
-            for s in (c, u):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self.pipe, args=(c, u, True), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(u, c, False), daemon=True).start()
-
-    def pipe(self, a, b, upstream):
-        try:
-            while True:
-                d = a.recv(1 << 20)
-                if not d:
-                    break
-                if upstream:
-                    if d[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
-                        with self.lock:
-                            self.requests += 1
-                        time.sleep(self.latency)
-                else:
-                    with self.lock:
-                        self.bytes_back += len(d)
-                b.sendall(d)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def reset(self):
-        with self.lock:
-            r, b = self.requests, self.bytes_back
-            self.requests = self.bytes_back = 0
-        return r, b
 
 
 def main():

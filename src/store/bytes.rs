@@ -153,6 +153,12 @@ pub trait Location: Send + Sync {
 
     /// Open file `name`, checking that it is exactly `expected_len` bytes long.
     fn open(&self, name: &str, expected_len: u64) -> Result<Box<dyn ByteSource>>;
+
+    /// Open every `(name, expected_len)`, in order (a remote location sends the requests
+    /// together; the default opens one after another).
+    fn open_all(&self, files: &[(String, u64)]) -> Result<Vec<Box<dyn ByteSource>>> {
+        files.iter().map(|(n, len)| self.open(n, *len)).collect()
+    }
 }
 
 /// How a local store's files are read.

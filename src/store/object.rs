@@ -98,6 +98,12 @@ pub struct RemoteOptions {
     pub max_inflight_bytes: u64,
     /// Bytes of fetched ranges kept per opened store (`zrecord_cache_bytes`).
     pub cache_bytes: u64,
+    /// A local folder keeping fetched ranges across gathers, processes and runs
+    /// (`zrecord_cache_dir`; none by default).
+    pub cache_dir: Option<PathBuf>,
+    /// Bound on the bytes in `cache_dir` (`zrecord_cache_dir_bytes`, default 10 GiB): the
+    /// least recently written ranges go first.
+    pub cache_dir_bytes: u64,
     /// Index and shape files are fetched in aligned pages of this size (`zrecord_page_bytes`).
     pub page_bytes: u64,
     /// Retries of a transient failure (`zrecord_max_retries`).
@@ -114,6 +120,8 @@ impl Default for RemoteOptions {
             max_inflight: 32,
             max_inflight_bytes: 256 << 20,
             cache_bytes: 256 << 20,
+            cache_dir: None,
+            cache_dir_bytes: 10 << 30,
             page_bytes: 64 << 10,
             max_retries: 6,
             retry_timeout_s: 60,
@@ -139,6 +147,8 @@ impl RemoteOptions {
             "zrecord_max_inflight" => self.max_inflight = positive(num()?, 1024)? as usize,
             "zrecord_max_inflight_bytes" => self.max_inflight_bytes = positive(num()?, 16 << 30)?,
             "zrecord_cache_bytes" => self.cache_bytes = num()?.min(1 << 40),
+            "zrecord_cache_dir" => self.cache_dir = (!value.trim().is_empty()).then(|| PathBuf::from(value.trim())),
+            "zrecord_cache_dir_bytes" => self.cache_dir_bytes = positive(num()?, 1 << 50)?,
             "zrecord_page_bytes" => self.page_bytes = positive(num()?, 64 << 20)?,
             "zrecord_max_retries" => self.max_retries = num()?.min(100) as usize,
             "zrecord_retry_timeout_s" => self.retry_timeout_s = positive(num()?, 3600)?,
@@ -316,6 +326,29 @@ fn build_store(scheme: &str, root: &str, options: &[(String, String)], opts: &Re
     })
 }
 
+/// The first `n` bytes of `key` (fewer when shorter) and its full size; `None` when missing.
+async fn head_of(store: Arc<dyn ObjectStore>, key: ObjectPath, n: u64) -> object_store::Result<Option<(Bytes, u64)>> {
+    let get = |range: Option<GetRange>| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            let res = store.get_opts(&key, GetOptions { range, ..Default::default() }).await?;
+            let size = res.meta.size;
+            Ok::<_, object_store::Error>((res.bytes().await?, size))
+        }
+    };
+    match get((n > 0).then_some(GetRange::Bounded(0..n))).await {
+        Ok(v) => Ok(Some(v)),
+        // An empty object answers a ranged GET with 416: read it whole.
+        Err(e) if n > 0 && status_of(&e.to_string()) == Some(416) => match get(None).await {
+            Ok(v) => Ok(Some(v)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        },
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The HTTP status an object_store error carries, when its message names one.
 fn status_of(message: &str) -> Option<u16> {
     for marker in ["status code: ", "status: ", "HTTP status "] {
@@ -404,18 +437,7 @@ impl Remote {
     /// `name`'s first `n` bytes (fewer when shorter) and its full size; `None` when missing.
     pub(crate) fn get_head(&self, name: &str, n: u64) -> Result<Option<(Bytes, u64)>> {
         let (store, key) = (self.store.clone(), self.key(name));
-        let r = block(async move {
-            let res = store.get_opts(&key, GetOptions { range: (n > 0).then_some(GetRange::Bounded(0..n)), ..Default::default() }).await?;
-            let size = res.meta.size;
-            Ok::<_, object_store::Error>((res.bytes().await?, size))
-        });
-        match r {
-            Ok(v) => Ok(Some(v)),
-            // An empty object answers a ranged GET with 416: read it whole.
-            Err(e) if n > 0 && status_of(&e.to_string()) == Some(416) => self.get_head(name, 0),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.error(name, Some(0..n), e)),
-        }
+        block(head_of(store, key, n)).map_err(|e| self.error(name, Some(0..n), e))
     }
 
     /// Object `name`'s bytes in `range` (all when `None`) and its full size; `None` when it
@@ -679,15 +701,45 @@ impl Location for ObjectLocation {
     }
 
     fn open(&self, name: &str, expected_len: u64) -> Result<Box<dyn ByteSource>> {
+        let head = self.remote.get_head(name, OPEN_HEAD_BYTES.min(expected_len))?;
+        self.file(name, expected_len, head)
+    }
+
+    fn open_all(&self, files: &[(String, u64)]) -> Result<Vec<Box<dyn ByteSource>>> {
+        // Every file's header in one round trip.
+        let futs: Vec<_> = files
+            .iter()
+            .map(|(name, len)| {
+                let n = OPEN_HEAD_BYTES.min(*len);
+                let fut = head_of(self.remote.store.clone(), self.remote.key(name), n);
+                async move { fut.await.map_err(|e| (n, e)) }
+            })
+            .collect();
+        let heads = block(futures::future::join_all(futs));
+        files
+            .iter()
+            .zip(heads)
+            .map(|((name, len), head)| {
+                let head = head.map_err(|(n, e)| self.remote.error(name, Some(0..n), e))?;
+                self.file(name, *len, head)
+            })
+            .collect()
+    }
+}
+
+impl ObjectLocation {
+    /// The opened file `name` given its header fetch.
+    fn file(&self, name: &str, expected_len: u64, head: Option<(Bytes, u64)>) -> Result<Box<dyn ByteSource>> {
         let url = self.remote.url_of(name);
-        let Some((head, size)) = self.remote.get_head(name, OPEN_HEAD_BYTES.min(expected_len))? else {
+        let Some((head, size)) = head else {
             return Err(Error::corrupt(&url, "object is missing"));
         };
         if size != expected_len {
             return Err(Error::corrupt(&url, format!("object is {size} bytes, the manifest says {expected_len}")));
         }
         let id = self.next_file.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let file = ObjectFile { remote: self.remote.clone(), name: name.to_string(), path: PathBuf::from(url), len: size, id, cache: self.cache.clone() };
+        let disk = self.remote.opts.cache_dir.as_ref().map(|d| DiskObject::new(DiskCache::at(d, self.remote.opts.cache_dir_bytes), &url, size));
+        let file = ObjectFile { remote: self.remote.clone(), name: name.to_string(), path: PathBuf::from(url), len: size, id, cache: self.cache.clone(), disk };
         if !head.is_empty() {
             self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(id, 0, head, false, false);
         }
@@ -703,6 +755,8 @@ pub struct ObjectFile {
     len: u64,
     id: u32,
     cache: Arc<Mutex<RangeCache>>,
+    /// This object's ranges in the local disk cache, when one is configured.
+    disk: Option<DiskObject>,
 }
 
 impl ObjectFile {
@@ -778,6 +832,139 @@ impl ByteSource for ObjectFile {
     }
 }
 
+/// A local folder of fetched byte ranges shared by every store configured with it (and by other
+/// processes): `<dir>/<object key>/<start>-<end>`, each written to a temporary name and renamed,
+/// bounded in bytes (oldest files out first). A range read back is as trustworthy as one
+/// fetched: record checksums are checked on first read in every process.
+pub(crate) struct DiskCache {
+    dir: PathBuf,
+    budget: u64,
+    /// Bytes in the folder (scanned once, then kept up to date by this process's writes).
+    total: Mutex<Option<u64>>,
+}
+
+impl DiskCache {
+    /// The cache at `dir` (one per folder in this process).
+    fn at(dir: &Path, budget: u64) -> Arc<DiskCache> {
+        static ALL: OnceLock<Mutex<HashMap<PathBuf, Arc<DiskCache>>>> = OnceLock::new();
+        let mut all = ALL.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
+        all.entry(dir.to_path_buf()).or_insert_with(|| Arc::new(DiskCache { dir: dir.to_path_buf(), budget, total: Mutex::new(None) })).clone()
+    }
+
+    fn files(&self) -> Vec<(std::time::SystemTime, u64, PathBuf)> {
+        let mut out = Vec::new();
+        let Ok(objects) = std::fs::read_dir(&self.dir) else { return out };
+        for o in objects.flatten() {
+            let Ok(rd) = std::fs::read_dir(o.path()) else { continue };
+            for f in rd.flatten() {
+                if let Ok(m) = f.metadata() {
+                    if m.is_file() {
+                        out.push((m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len(), f.path()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Account `n` new bytes; over the bound, delete the oldest files down to 3/4 of it.
+    fn added(&self, n: u64) {
+        let mut total = self.total.lock().unwrap_or_else(|p| p.into_inner());
+        let t = total.get_or_insert_with(|| self.files().iter().map(|f| f.1).sum());
+        *t += n;
+        if *t <= self.budget {
+            return;
+        }
+        let mut files = self.files();
+        files.sort();
+        let mut now: u64 = files.iter().map(|f| f.1).sum();
+        for (_, len, path) in files {
+            if now <= self.budget / 4 * 3 {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                now -= len;
+            }
+        }
+        *t = now;
+    }
+}
+
+/// One object's ranges in a [`DiskCache`].
+struct DiskObject {
+    cache: Arc<DiskCache>,
+    folder: PathBuf,
+    /// start -> end of the ranges on disk (listed once, then kept up to date).
+    ranges: Mutex<Option<BTreeMap<u64, u64>>>,
+}
+
+impl DiskObject {
+    fn new(cache: Arc<DiskCache>, url: &str, size: u64) -> DiskObject {
+        // Objects of published stores never change (each upload has its own folder); the
+        // size in the key keeps a replaced object of another length apart anyway.
+        let key = twox_hash::XxHash3_64::oneshot(format!("{url}\n{size}").as_bytes());
+        let folder = cache.dir.join(format!("{key:016x}"));
+        DiskObject { cache, folder, ranges: Mutex::new(None) }
+    }
+
+    fn with_ranges<T>(&self, f: impl FnOnce(&mut BTreeMap<u64, u64>) -> T) -> T {
+        let mut g = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        let map = g.get_or_insert_with(|| {
+            let mut m = BTreeMap::new();
+            if let Ok(rd) = std::fs::read_dir(&self.folder) {
+                for e in rd.flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if let Some((a, z)) = name.split_once('-') {
+                        if let (Ok(a), Ok(z)) = (u64::from_str_radix(a, 16), u64::from_str_radix(z, 16)) {
+                            if z > a {
+                                m.insert(a, z);
+                            }
+                        }
+                    }
+                }
+            }
+            m
+        });
+        f(map)
+    }
+
+    /// The bytes of `r` when a range on disk covers it.
+    fn read(&self, r: Range<u64>) -> Option<Bytes> {
+        use std::os::unix::fs::FileExt;
+        let (a, z) = self.with_ranges(|m| m.range(..=r.start).next_back().map(|(&a, &z)| (a, z)))?;
+        if z < r.end {
+            return None;
+        }
+        let path = self.folder.join(format!("{a:016x}-{z:016x}"));
+        let file = std::fs::File::open(&path).ok().filter(|f| f.metadata().is_ok_and(|m| m.len() == z - a));
+        let Some(file) = file else {
+            // Evicted (by this or another process) or damaged: forget it.
+            self.with_ranges(|m| m.remove(&a));
+            let _ = std::fs::remove_file(&path);
+            return None;
+        };
+        let mut buf = vec![0u8; (r.end - r.start) as usize];
+        file.read_exact_at(&mut buf, r.start - a).ok()?;
+        Some(Bytes::from(buf))
+    }
+
+    /// Keep `data`, the bytes of `r` (best effort: a full disk only costs the cache).
+    fn write(&self, r: Range<u64>, data: &[u8]) {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if std::fs::create_dir_all(&self.folder).is_err() {
+            return;
+        }
+        let name = format!("{:016x}-{:016x}", r.start, r.end);
+        let tmp = self.folder.join(format!(".{name}.{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        if std::fs::write(&tmp, data).is_err() || std::fs::rename(&tmp, self.folder.join(&name)).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
+        self.with_ranges(|m| m.insert(r.start, r.end));
+        self.cache.added(data.len() as u64);
+    }
+}
+
 /// Ranges a gather staged, pinned in their caches until this is dropped.
 #[derive(Default)]
 pub(crate) struct Staged {
@@ -844,6 +1031,17 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
                 missing.push(r.clone());
             }
         }
+        // Ranges kept on local disk (earlier runs or processes) are read from there.
+        if let Some(disk) = &f.disk {
+            missing.retain(|r| match disk.read(r.clone()) {
+                Some(data) => {
+                    f.cache().insert(f.id, r.start, data, true, plan == Plan::Ranges);
+                    staged.pins.push((f.cache.clone(), f.id, r.start));
+                    false
+                }
+                None => true,
+            });
+        }
         // Coalesce across gaps, split at the request size limit.
         let mut merged: Vec<Range<u64>> = Vec::new();
         for r in missing {
@@ -894,6 +1092,9 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
         let f = per_file[i].0;
         match res {
             Ok(data) if data.len() as u64 == r.end - r.start => {
+                if let Some(disk) = &f.disk {
+                    disk.write(r.clone(), &data);
+                }
                 f.cache().insert(f.id, r.start, data, true, plan == Plan::Ranges);
                 staged.pins.push((f.cache.clone(), f.id, r.start));
             }
@@ -1127,13 +1328,7 @@ mod tests {
             assert!(matches!(view.gather(&[500]), Err(Error::IndexOutOfRange { .. })));
 
             // A flipped byte in a data object: the record's checksum catches it on a fresh open.
-            let m = crate::store::format::Manifest::from_bytes(
-                &remote.get_small(crate::store::format::MANIFEST, 1 << 20).unwrap_or_else(|e| panic!("{e}")).unwrap_or_default(),
-                Path::new("m"),
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-            let shard = m.stored_name(&crate::store::format::shard_name(0));
-            let mut bytes = remote.get_small(&shard, 1 << 30).unwrap_or_else(|e| panic!("{e}")).unwrap_or_default();
+            let (shard, mut bytes) = first_shard(&remote);
             let last = bytes.len() - 1;
             bytes[last] ^= 0x55;
             put(&remote, &shard, bytes);
@@ -1142,5 +1337,63 @@ mod tests {
             let r = rs.bind(&Allocator::default()).gather(&all);
             assert!(matches!(r, Err(Error::Corrupt { .. }) | Err(Error::Codec { .. })), "{r:?}");
         }
+    }
+
+    /// Ranges fetched once are kept in the local disk folder and served from there by a later
+    /// opening (another process, another run): with the object's bytes replaced on the server
+    /// by garbage of the same size, records gathered before still read back exactly; others
+    /// fail their checksums. The folder stays within its bound.
+    #[test]
+    fn disk_cache_serves_ranges_across_openings() {
+        use crate::prelude::*;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let local = dir.path().join("dense");
+        let mut w = DenseWriter::create(&local, DType::UInt8, &[1000], WriterOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        w.append_slice(&data).unwrap_or_else(|e| panic!("{e}"));
+        w.finish().unwrap_or_else(|e| panic!("{e}"));
+        let cache_dir = dir.path().join("cache");
+        let opts = RemoteOptions { cache_dir: Some(cache_dir.clone()), cache_dir_bytes: 64 << 10, coalesce_gap: 0, ..Default::default() };
+        let remote = memory_remote(opts);
+        let manifest = std::fs::read(local.join(crate::store::format::MANIFEST)).unwrap_or_else(|e| panic!("{e}"));
+        upload_store(&local, &remote, &manifest).unwrap_or_else(|e| panic!("{e}"));
+        let ids = [7u64, 150, 3];
+        let want: Vec<u8> = ids.iter().flat_map(|&i| data[i as usize * 1000..(i as usize + 1) * 1000].to_vec()).collect();
+        let gather = |ids: &[u64]| -> Result<Vec<u8>> {
+            let Store::Dense(s) = Store::open_at(&ObjectLocation::new(remote.clone()))? else { panic!("dense") };
+            Ok(s.bind(&Allocator::default()).gather(ids)?.as_bytes().to_vec())
+        };
+        assert_eq!(gather(&ids).unwrap_or_else(|e| panic!("{e}")), want);
+        // garbage on the server, same size, header kept
+        let (shard, mut bytes) = first_shard(&remote);
+        for b in &mut bytes[crate::store::format::HEADER_BYTES..] {
+            *b = !*b;
+        }
+        put(&remote, &shard, bytes);
+        let again = gather(&[150, 3, 7, 7]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(again == [&want[1000..], &want[..1000], &want[..1000]].concat(), "served from disk");
+        assert!(matches!(gather(&[42]), Err(Error::Corrupt { .. })), "not cached: fetched, and the checksum catches the garbage");
+        // the bound holds
+        for k in 0..150u64 {
+            let _ = gather(&[k + 40]);
+        }
+        let total: u64 = walk(&cache_dir);
+        assert!(total <= 64 << 10, "{total}");
+    }
+
+    /// The object name and bytes of the first data shard of the store published at `remote`.
+    fn first_shard(remote: &Remote) -> (String, Vec<u8>) {
+        let m = crate::store::format::Manifest::from_bytes(
+            &remote.get_small(crate::store::format::MANIFEST, 1 << 20).unwrap_or_else(|e| panic!("{e}")).unwrap_or_default(),
+            Path::new("m"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let shard = m.stored_name(&crate::store::format::shard_name(0));
+        let bytes = remote.get_small(&shard, 1 << 30).unwrap_or_else(|e| panic!("{e}")).unwrap_or_default();
+        (shard, bytes)
+    }
+
+    fn walk(p: &Path) -> u64 {
+        std::fs::read_dir(p).map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) }).sum()).unwrap_or(0)
     }
 }

@@ -275,54 +275,61 @@ fn listed(manifest: &Manifest, mpath: &Path, name: &str) -> Result<u64> {
     manifest.file(name).map(|f| f.bytes).ok_or_else(|| Error::corrupt(mpath, format!("manifest does not list {name}")))
 }
 
-/// Step 3: the index, sized for the record count, with its header checked.
-fn open_index(loc: &dyn Location, manifest: &Manifest, mpath: &Path) -> Result<Box<dyn ByteSource>> {
+/// Step 3: every file's expected size (index sized for the record count, shape rows for the
+/// count and ndim, shards as listed), in the order index, shapes (ragged), shards.
+fn expected_files(manifest: &Manifest, mpath: &Path, ndim: usize) -> Result<Vec<(String, u64)>> {
     let len = manifest.record_count;
     let overflow = || Error::corrupt(mpath, "record count overflows");
     let want = (HEADER_BYTES as u64).checked_add(len.checked_mul(ENTRY_BYTES as u64).ok_or_else(overflow)?).ok_or_else(overflow)?;
     if listed(manifest, mpath, format::INDEX)? != want {
         return Err(Error::corrupt(mpath, format!("index size {} does not match {len} records", listed(manifest, mpath, format::INDEX)?)));
     }
-    let index = loc.open(&manifest.stored_name(format::INDEX), want)?;
+    let mut files = vec![(manifest.stored_name(format::INDEX), want)];
+    if manifest.kind == Kind::Ragged {
+        let want = (len as u128) * (ndim as u128) * 8 + HEADER_BYTES as u128;
+        if listed(manifest, mpath, format::SHAPES)? as u128 != want {
+            return Err(Error::corrupt(mpath, format!("shapes size does not match {len} records of ndim {ndim}")));
+        }
+        files.push((manifest.stored_name(format::SHAPES), want as u64));
+    }
+    for i in 0..manifest.data_shards as usize {
+        let name = format::shard_name(i);
+        files.push((manifest.stored_name(&name), listed(manifest, mpath, &name)?));
+    }
+    Ok(files)
+}
+
+/// Step 4: open them all (a remote location opens them concurrently) and check each header.
+#[allow(clippy::type_complexity)]
+fn open_files(loc: &dyn Location, manifest: &Manifest, mpath: &Path, ndim: usize) -> Result<(Box<dyn ByteSource>, Option<Box<dyn ByteSource>>, Vec<Box<dyn ByteSource>>)> {
+    let files = expected_files(manifest, mpath, ndim)?;
+    let mut opened = loc.open_all(&files)?.into_iter();
+    let mut next = || opened.next().ok_or_else(|| Error::corrupt(mpath, "a location opened fewer files than asked"));
+    let index = next()?;
     let (entry, _) = format::read_header(&header_of(index.as_ref())?, format::INDEX_MAGIC, index.path())?;
     if entry as usize != ENTRY_BYTES {
         return Err(Error::corrupt(index.path(), format!("entry size {entry}, expected {ENTRY_BYTES}")));
     }
-    Ok(index)
-}
-
-/// Step 4 (ragged): the shape rows.
-fn open_shapes(loc: &dyn Location, manifest: &Manifest, mpath: &Path, ndim: usize) -> Result<Option<Box<dyn ByteSource>>> {
-    if manifest.kind != Kind::Ragged {
-        return Ok(None);
-    }
-    let len = manifest.record_count;
-    let want = (len as u128) * (ndim as u128) * 8 + HEADER_BYTES as u128;
-    if listed(manifest, mpath, format::SHAPES)? as u128 != want {
-        return Err(Error::corrupt(mpath, format!("shapes size does not match {len} records of ndim {ndim}")));
-    }
-    let m = loc.open(&manifest.stored_name(format::SHAPES), want as u64)?;
-    let (nd, _) = format::read_header(&header_of(m.as_ref())?, format::SHAPES_MAGIC, m.path())?;
-    if nd as usize != ndim {
-        return Err(Error::corrupt(m.path(), format!("header ndim {nd}, manifest ndim {ndim}")));
-    }
-    Ok(Some(m))
-}
-
-/// Step 5: the data shards, each with its header checked.
-fn open_shards(loc: &dyn Location, manifest: &Manifest, mpath: &Path) -> Result<Vec<Box<dyn ByteSource>>> {
-    let s = manifest.data_shards as usize;
-    let mut shards = Vec::with_capacity(s);
-    for i in 0..s {
-        let name = format::shard_name(i);
-        let m = loc.open(&manifest.stored_name(&name), listed(manifest, mpath, &name)?)?;
+    let shapes = if manifest.kind == Kind::Ragged {
+        let m = next()?;
+        let (nd, _) = format::read_header(&header_of(m.as_ref())?, format::SHAPES_MAGIC, m.path())?;
+        if nd as usize != ndim {
+            return Err(Error::corrupt(m.path(), format!("header ndim {nd}, manifest ndim {ndim}")));
+        }
+        Some(m)
+    } else {
+        None
+    };
+    let mut shards = Vec::with_capacity(manifest.data_shards as usize);
+    for i in 0..manifest.data_shards as usize {
+        let m = next()?;
         let (id, _) = format::read_header(&header_of(m.as_ref())?, format::DATA_MAGIC, m.path())?;
         if id as usize != i {
             return Err(Error::corrupt(m.path(), format!("header says shard {id}")));
         }
         shards.push(m);
     }
-    Ok(shards)
+    Ok((index, shapes, shards))
 }
 
 /// Step 6 (zstd_dict): the dictionary, small, checked in full.
@@ -377,9 +384,7 @@ impl StoreCore {
         let mpath = path.join(format::MANIFEST);
         let manifest = read_manifest(loc)?;
         let d = describe(&manifest, &mpath)?;
-        let index = open_index(loc, &manifest, &mpath)?;
-        let shapes = open_shapes(loc, &manifest, &mpath, d.ndim)?;
-        let shards = open_shards(loc, &manifest, &mpath)?;
+        let (index, shapes, shards) = open_files(loc, &manifest, &mpath, d.ndim)?;
         // A dense store's data files must be able to produce all its records: raw records are
         // stored as they are, and zstd expands at most MAX_ZSTD_EXPANSION-fold. So no gather can
         // ask for more memory than the files could produce.
@@ -796,6 +801,8 @@ impl StoreCore {
             let mut buf: Vec<MaybeUninit<u8>> = Vec::new();
             let mut shape = [0u64; MAX_NDIM];
             let hi = ((c + 1) * CHUNK).min(self.len);
+            // Remote stores: the chunk's index pages and records in large concurrent requests.
+            let _staged = self.stage(crate::store::Ids::Range { start: c * CHUNK, step: 1, len: (hi - c * CHUNK) as usize })?;
             for id in c * CHUNK..hi {
                 let (n_bytes, sh) = match self.kind {
                     Kind::Dense => (self.record_bytes, None),

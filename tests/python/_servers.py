@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import http.server
 import os
+import socket
 import socketserver
 import threading
+import time
 
 
 class RangeServer:
@@ -143,3 +145,61 @@ class S3Server:
 
     def close(self):
         self.server.stop()
+
+
+class DelayProxy:
+    """TCP proxy: every chunk a client sends waits `latency` seconds before it is forwarded
+    (one request = one chunk for GETs). Counts requests and bytes sent back."""
+
+    def __init__(self, upstream_port, latency):
+        self.upstream, self.latency = upstream_port, latency
+        self.requests = 0
+        self.lines = []
+        self.bytes_back = 0
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            c, _ = self.sock.accept()
+            u = socket.create_connection(("127.0.0.1", self.upstream))
+            for s in (c, u):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self.pipe, args=(c, u, True), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(u, c, False), daemon=True).start()
+
+    def pipe(self, a, b, upstream):
+        try:
+            while True:
+                d = a.recv(1 << 20)
+                if not d:
+                    break
+                if upstream:
+                    if d[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
+                        with self.lock:
+                            self.requests += 1
+                            self.lines.append(d.split(b"\r\n", 1)[0].decode("latin-1"))
+                        time.sleep(self.latency)
+                else:
+                    with self.lock:
+                        self.bytes_back += len(d)
+                b.sendall(d)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def reset(self):
+        with self.lock:
+            r, b = self.requests, self.bytes_back
+            self.requests = self.bytes_back = 0
+        return r, b

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import zrecord
-from _servers import RangeServer, S3Server
+from _servers import DelayProxy, RangeServer, S3Server
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
@@ -135,6 +135,45 @@ def test_publish_is_create_only_and_losers_clean_up(s3, bucket):
     np.testing.assert_array_equal(np.from_dlpack(zrecord.open(url).bind(zrecord.Allocator()).gather([3])), dense_data()[[3]])
 
 
+def test_manifest_put_is_conditional(s3, bucket):
+    """Writer B passed its early existence check and is uploading (through a proxy that delays
+    each of its requests) when A publishes: B's create-only manifest put fails (412 from the
+    server), B removes its uploads, A's store is intact."""
+    url = f"s3://{bucket}/race"
+    port = int(s3.endpoint.rsplit(":", 1)[1])
+    proxy = DelayProxy(port, 0.4)
+    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_region": "us-east-1"}
+    zrecord.set_storage_options(url, dict(creds, aws_endpoint=f"http://127.0.0.1:{proxy.port}"))
+    b = zrecord.DenseWriter(url, np.uint8, (8, 8, 3), "zstd")  # checks now: nothing there yet
+    zrecord.set_storage_options(url, dict(creds, aws_endpoint=s3.endpoint))
+    b.append(dense_data()[::-1].copy())
+    result = {}
+
+    def close_b():
+        try:
+            b.close()
+            result["ok"] = True
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            result["err"] = e
+
+    import threading
+
+    t = threading.Thread(target=close_b)
+    t.start()
+    deadline = time.time() + 30
+    # B's two checks at creation and its check at publish are done once its uploads start
+    while proxy.requests < 4 and time.time() < deadline:
+        time.sleep(0.01)
+    write_dense(url)  # A: straight to the server, published while B still uploads
+    t.join(120)
+    assert isinstance(result.get("err"), FileExistsError), result
+    assert any(line.startswith("PUT") and "race/manifest.json" in line for line in proxy.lines), proxy.lines  # refused by the server
+    keys = s3.keys(bucket, "race/")
+    dirs = {k.split("/")[1] for k in keys if k.startswith("race/upload-")}
+    assert len(dirs) == 1, keys  # only A's upload folder is left
+    np.testing.assert_array_equal(np.from_dlpack(zrecord.open(url).bind(zrecord.Allocator()).gather([9])), dense_data()[[9]])
+
+
 WRITER = r"""
 import sys, numpy as np, zrecord
 url = sys.argv[1]
@@ -215,6 +254,14 @@ def test_dataset_roots_loader_and_sql(s3, bucket, tmp_path):
         return [np.from_dlpack(next(loader)[0]["label"]).tolist() for _ in range(steps)]
     with zrecord.Loader(views, zrecord.Sampler(N, 32, "iid", seed=5), workers=2) as a, zrecord.Loader(local, zrecord.Sampler(N, 32, "iid", seed=5), workers=0) as b:
         assert ids(a, 6) == ids(b, 6)
+    # other objects on the same bucket (Parquet) go to DataFusion's file tables through the
+    # same connected object store
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, tmp_path / "t.parquet")
+    s3.client.upload_file(str(tmp_path / "t.parquet"), bucket, "files/t.parquet")
+    n = ctx.sql(f"SELECT count(*) AS n, sum(label) AS s FROM 's3://{bucket}/files/t.parquet'").to_arrow().to_pylist()
+    assert n == [{"n": N, "s": sum(table["label"].to_pylist())}]
     # zrec info / verify / sql accept URLs
     zrec = zrec_bin()
     for args in (["info", url], ["verify", "--quiet", url], ["sql", f"SELECT count(*) AS n FROM '{url}'"]):
