@@ -217,7 +217,7 @@ impl Dataset {
     }
 
     /// A root described by `dataset.json` (`text`); `open(name, relative path)` opens a stream's store.
-    fn described(path: &Path, text: &[u8], open: impl Fn(&str, &str) -> Result<Store>) -> Result<Dataset> {
+    fn described(path: &Path, text: &[u8], open: impl Fn(&str, &str) -> Result<Store> + Sync) -> Result<Dataset> {
         let meta = path.join(DATASET_FILE);
         let m: DatasetManifest = serde_json::from_slice(text).map_err(|e| Error::corrupt(&meta, format!("dataset JSON: {e}")))?;
         if m.format != DATASET_FORMAT {
@@ -227,12 +227,29 @@ impl Dataset {
             return Err(Error::UnsupportedVersion { path: meta, found: m.version, supported: DATASET_VERSION });
         }
         let metadata = m.metadata;
-        let mut streams = Vec::with_capacity(m.streams.len());
-        for e in m.streams {
+        for e in &m.streams {
             if e.path.contains("..") || e.path.starts_with('/') || e.path.contains("://") {
                 return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
             }
-            let store = open(&e.name, &e.path)?;
+        }
+        // On an object store the stream stores open in parallel (each open waits for a few
+        // round trips), on threads of their own: a rayon pool would hang in a forked child,
+        // where its threads do not exist. The first error in stream order wins.
+        let stores: Vec<Result<Store>> = if crate::store::object::is_url(path) && m.streams.len() > 1 {
+            std::thread::scope(|scope| {
+                let open = &open;
+                let handles: Vec<_> = m.streams.iter().map(|e| scope.spawn(move || open(&e.name, &e.path))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("dataset", "opening a stream panicked"))))
+                    .collect()
+            })
+        } else {
+            m.streams.iter().map(|e| open(&e.name, &e.path)).collect()
+        };
+        let mut streams = Vec::with_capacity(m.streams.len());
+        for (e, store) in m.streams.into_iter().zip(stores) {
+            let store = store?;
             // Version-1 stores know no logical type: dataset.json says it. A version-2
             // store records its own, which must agree.
             let logical = match (e.logical, store.logical()) {

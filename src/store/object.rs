@@ -602,10 +602,9 @@ impl RangeCache {
     fn find(&mut self, file: u32, at: u64, len: u64) -> Option<(u64, Bytes)> {
         self.clock += 1;
         let clock = self.clock;
-        let (&(f, start), e) = self.map.range_mut((file, 0)..=(file, at)).next_back()?;
-        if f != file || (start + e.data.len() as u64) < at + len {
-            return None;
-        }
+        // Ranges may overlap (a page and a record range inside it): look at the few nearest
+        // ones starting at or before `at`.
+        let (&(_, start), e) = self.map.range_mut((file, 0)..=(file, at)).rev().take(4).find(|((_, start), e)| start + e.data.len() as u64 >= at + len)?;
         e.used = clock;
         Some((start, e.data.clone()))
     }
