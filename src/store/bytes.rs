@@ -139,7 +139,7 @@ impl dyn ByteSource + '_ {
     }
 }
 
-fn past_end(path: &Path, offset: u64, len: usize, size: u64) -> Error {
+pub(crate) fn past_end(path: &Path, offset: u64, len: usize, size: u64) -> Error {
     Error::corrupt(path, format!("read of {len} bytes at offset {offset} runs past the end of the file ({size} bytes)"))
 }
 

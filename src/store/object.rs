@@ -796,7 +796,7 @@ impl ByteSource for ObjectFile {
     fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         let len = out.len() as u64;
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(Error::corrupt(&self.path, format!("read of {len} bytes at offset {offset} runs past the end of the object ({} bytes)", self.len)));
+            return Err(crate::store::bytes::past_end(&self.path, offset, out.len(), self.len));
         }
         if len == 0 {
             return Ok(());
@@ -820,10 +820,6 @@ impl ByteSource for ObjectFile {
             self.cache().insert(self.id, range.start, data, false, false);
         }
         Ok(())
-    }
-
-    fn read_at_cold(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
-        self.read_at(offset, out)
     }
 
     fn as_object(&self) -> Option<&ObjectFile> {
