@@ -12,6 +12,11 @@
 #![warn(missing_docs)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+// Store files hold little-endian values read in place through mmap, and string views are
+// read as their in-memory bytes: big-endian targets are not supported.
+#[cfg(target_endian = "big")]
+compile_error!("zrecord supports little-endian targets only");
+
 pub mod arrow;
 pub mod convert;
 pub mod dtype;

@@ -470,3 +470,77 @@ fn view_filters_match_mask_filters() {
         }
     }
 }
+
+#[test]
+fn large_tensors_split_masks_over_the_pool_with_the_same_answers() {
+    // Past 2^16 rows the view predicates run in parallel chunks: row count not a multiple of
+    // 64, nulls, inline and out-of-line rows.
+    let n = 600_001usize;
+    let v: Vec<Option<String>> = (0..n)
+        .map(|i| match i % 5 {
+            0 => None,
+            1 => Some(format!("pre{}", i % 97)),
+            2 => Some(format!("prefix-long-{i}-ü")),
+            3 => Some("x".repeat(i % 30)),
+            _ => Some(format!("{i}")),
+        })
+        .collect();
+    let t = tensor(&v);
+    for prefix in ["pre", "prefix-long-1", "x"] {
+        let m = t.starts_with(prefix);
+        let f = t.filter_by_prefix(prefix).unwrap();
+        let mut k = 0;
+        for (i, s) in v.iter().enumerate() {
+            assert_eq!(m.is_valid(i).then(|| m.value(i)), s.as_deref().map(|s| s.starts_with(prefix)), "{prefix:?} row {i}");
+            if let Some(s) = s.as_deref().filter(|s| s.starts_with(prefix)) {
+                assert_eq!(f.value(k), Some(s));
+                k += 1;
+            }
+        }
+        assert_eq!(f.len(), k);
+    }
+    let m = t.length_between(5, 14, LengthUnit::Chars);
+    for (i, s) in v.iter().enumerate() {
+        assert_eq!(m.is_valid(i).then(|| m.value(i)), s.as_deref().map(|s| (5..=14).contains(&s.chars().count())), "row {i}");
+    }
+    // A mask with nulls: null entries drop the row like false ones; null rows it keeps stay null.
+    let mask = arrow_array::BooleanArray::from((0..n).map(|i| (i % 3 != 0).then_some(i % 2 == 0)).collect::<Vec<_>>());
+    let f = t.filter(&mask).unwrap();
+    let want: Vec<Option<&str>> = v.iter().enumerate().filter(|(i, _)| i % 3 != 0 && i % 2 == 0).map(|(_, s)| s.as_deref()).collect();
+    assert_eq!(f.null_count(), want.iter().filter(|s| s.is_none()).count());
+    assert!(f.null_count() > 0);
+    assert_eq!((0..f.len()).map(|i| f.value(i)).collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn near_dedup_persists_committed_signatures_and_cuts_the_rest() {
+    use zrecord::text::{MinHashParams, NearDedup};
+    let docs: Vec<String> = (0..30u64).map(|d| (0..50u64).map(|w| format!("w{}", zrecord::text::splitmix64(d, w) % 5000)).collect::<Vec<_>>().join(" ")).collect();
+    let near: Vec<String> = docs.iter().map(|d| d.replacen("w", "x", 1)).collect();
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let params = MinHashParams { threshold: 0.7, ..MinHashParams::default() };
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = NearDedup::open(dir.path(), params.clone()).unwrap();
+    assert!(d.insert(&refs(&docs[..20])).iter().all(|&k| k));
+    assert_eq!(d.commit_upto(12).unwrap(), 12);
+    assert!(d.commit_upto(11).is_err());
+    assert!(d.commit_upto(21).is_err());
+    drop(d); // 8 kept signatures never committed
+    let mut d = NearDedup::open(dir.path(), params.clone()).unwrap();
+    assert_eq!((d.len(), d.committed()), (12, 12));
+    // Near copies of the 12 committed documents are dropped, of the 8 uncommitted ones kept.
+    let got = d.insert(&refs(&near[..20]));
+    assert_eq!(got, (0..20).map(|i| i >= 12).collect::<Vec<_>>());
+    assert_eq!(d.commit().unwrap(), 20);
+    // Opened at a checkpoint's count: the log is cut back to it.
+    let mut d = NearDedup::open_at(dir.path(), params.clone(), 12).unwrap();
+    assert_eq!(d.len(), 12);
+    assert_eq!(d.insert(&refs(&near[12..13])), vec![true]);
+    // A checkpoint naming more than the log holds, or other parameters: refused.
+    let e = NearDedup::open_at(dir.path(), params.clone(), 99).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    let e = NearDedup::open(dir.path(), MinHashParams { num_perm: 64, ..params.clone() }).unwrap_err();
+    assert!(e.to_string().contains("num_perm=128"), "{e}");
+}

@@ -329,7 +329,25 @@ class PIIMasker(_Stage):
         return self._pipeline().pii_find(text)
 
 
-class ExactDedup(_Stage):
+class _Committed:
+    """Commit methods of the persistent dedup stages (native state in ``self._d``)."""
+
+    _d: Any
+
+    def commit(self) -> int:
+        """Make every insert so far durable; returns the committed count."""
+        return self._d.commit()
+
+    def commit_upto(self, count: int) -> int:
+        """Make durable the inserts up to when ``len(self)`` was ``count``."""
+        return self._d.commit_upto(count)
+
+    @property
+    def committed(self) -> int:
+        return self._d.committed
+
+
+class ExactDedup(_Committed, _Stage):
     """Keeps the first occurrence of every text (XXH3-64 of its UTF-8 bytes), checked in row
     order. In memory (``path=None``; more than ``max_memory`` bytes of hashes is a
     ``MemoryError``) or persistent in the folder ``path`` (hashes past ``max_memory`` spill to
@@ -346,29 +364,25 @@ class ExactDedup(_Stage):
         """Bool mask: True where the text is new (it is recorded)."""
         return self(strings)[1]
 
-    def commit(self) -> int:
-        return self._d.commit()
-
-    def commit_upto(self, count: int) -> int:
-        return self._d.commit_upto(count)
-
-    @property
-    def committed(self) -> int:
-        return self._d.committed
-
     def __len__(self) -> int:
         return len(self._d)
 
 
-class NearDedup(_Stage):
+class NearDedup(_Committed, _Stage):
     """Drops near duplicates: MinHash signatures (``num_perm`` permutations of XXH3-64
     shingle hashes, ``shingle`` chars or words) and LSH ``bands`` (chosen for ``threshold``
     when ``None``); a text is dropped when a kept text shares a band with it and their
     signatures agree in >= ``threshold`` of the positions (the Jaccard estimate). Checked in
-    row order; kept signatures stay in memory (8 bytes x ``num_perm`` per kept text)."""
+    row order; kept signatures stay in memory (8 bytes x ``num_perm`` per kept text).
 
-    def __init__(self, threshold: float = 0.8, *, num_perm: int = 128, shingle: int = 5, unit: str = "chars", bands: int | None = None, seed: int = 1):
-        self._d = _z._NearDedup(threshold, num_perm, shingle, unit, bands, seed)
+    With ``path`` the kept signatures are also logged in that folder: :meth:`commit` makes
+    them durable and a reopened folder (same parameters, else ``ValueError``) is at its last
+    commit, its signatures indexed again."""
+
+    def __init__(self, threshold: float = 0.8, *, num_perm: int = 128, shingle: int = 5, unit: str = "chars", bands: int | None = None, seed: int = 1,
+                 path: str | os.PathLike | None = None, committed: int | None = None):
+        self.path = None if path is None else os.fspath(path)
+        self._d = _z._NearDedup(threshold, num_perm, shingle, unit, bands, seed, self.path, committed)
         self.threshold, self.num_perm, self.shingle, self.unit, self.seed = threshold, num_perm, shingle, unit, seed
         self._spec = ("near_dedup", self._d)
         self._native = None
@@ -624,7 +638,9 @@ class ResumablePipeline:
     string array, a zrecord ``utf8`` view, a :class:`ParquetSource`, or an iterable with ``state_dict`` /
     ``load_state_dict`` (``field`` picks a key of its items). ``stages`` are run fused on every
     batch in a background thread, ``prefetch`` batches ahead. ``dedup=True`` adds an
-    :class:`ExactDedup` after the stages, persisted in ``state_dir``.
+    :class:`ExactDedup` after the stages, ``near_dedup=True`` (or a dict of
+    :class:`NearDedup` parameters) a :class:`NearDedup` after that, both persisted in
+    ``state_dir`` (dedup stages in ``stages`` would not be, so they are refused there).
 
     :meth:`commit` persists, in one atomic step, the position after the last batch delivered,
     the dedup set up to that batch (a log plus the count committed) and the consumer's
@@ -638,7 +654,12 @@ class ResumablePipeline:
     STATE = "pipeline.json"
 
     def __init__(self, source: Any, stages: Sequence[_Stage] = (), *, state_dir: str | os.PathLike, batch_size: int = 1024, prefetch: int = 2,
-                 dedup: bool = False, max_memory: int = 1 << 30, field: str | None = None):
+                 dedup: bool = False, max_memory: int = 1 << 30, field: str | None = None, near_dedup: bool | dict = False):
+        for s in stages:
+            if isinstance(s, (ExactDedup, NearDedup)):
+                raise ValueError(f"a {type(s).__name__} among the stages would not be committed with the position: use dedup=True / near_dedup=... instead")
+        if not isinstance(near_dedup, (bool, dict)):
+            raise TypeError(f"near_dedup must be a bool or a dict of NearDedup parameters, got {type(near_dedup).__name__}")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         if prefetch < 0:
@@ -656,7 +677,11 @@ class ResumablePipeline:
         self._committed_position = st.get("position")
         self._commits = st.get("commits", 0)
         self._dedup = ExactDedup(os.path.join(self.state_dir, "dedup"), max_memory=max_memory, committed=st.get("dedup", 0)) if dedup else None
-        stage_list = list(stages) + ([self._dedup] if self._dedup is not None else [])
+        self._near = None
+        if near_dedup is not False:
+            params = dict(near_dedup) if isinstance(near_dedup, dict) else {}
+            self._near = NearDedup(**params, path=os.path.join(self.state_dir, "near_dedup"), committed=st.get("near_dedup", 0))
+        stage_list = list(stages) + [d for d in (self._dedup, self._near) if d is not None]
         self._pipe = TextPipeline(stage_list) if stage_list else None
         if isinstance(source, ParquetSource):
             self._src = source
@@ -681,8 +706,8 @@ class ResumablePipeline:
         else:
             out, keep = text, text.validity()
         batch = TextBatch(out.filter(keep), _np().flatnonzero(keep) + start, start, start + len(text))
-        dedup_count = len(self._dedup) if self._dedup is not None else 0
-        return batch, new_pos, dedup_count
+        counts = (len(self._dedup) if self._dedup is not None else 0, len(self._near) if self._near is not None else 0)
+        return batch, new_pos, counts
 
     def _run(self):
         try:
@@ -740,13 +765,17 @@ class ResumablePipeline:
         """Persist the position after the last delivered batch, the dedup state up to it and
         ``user_state``, atomically (log append + fsync, then temp + fsync + rename)."""
         if self._delivered is None:
-            pos, count = self._committed_position, (self._dedup.committed if self._dedup is not None else 0)
+            pos = self._committed_position
+            counts = tuple(d.committed if d is not None else 0 for d in (self._dedup, self._near))
         else:
-            pos, count = self._delivered
-        if self._dedup is not None:
-            self._dedup.commit_upto(count)
+            pos, counts = self._delivered
+        # The dedup logs first (each cut back to its count on reopen), then the checkpoint that
+        # names the counts: a crash in between leaves the old checkpoint in force.
+        for d, c in zip((self._dedup, self._near), counts):
+            if d is not None:
+                d.commit_upto(c)
         self._commits += 1
-        st = {"position": pos, "dedup": count, "user": user_state, "commits": self._commits}
+        st = {"position": pos, "dedup": counts[0], "near_dedup": counts[1], "user": user_state, "commits": self._commits}
         _atomic_write(self._state_path, json.dumps(st).encode())
         self._committed_position = pos
         self.user_state = user_state

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow_array::{Array, BooleanArray};
-use arrow_buffer::{Buffer, NullBuffer};
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow_schema::{DataType, Field};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -27,7 +27,11 @@ fn dl<T: crate::dtype::Element>(data: &[T]) -> PyResult<PyDLTensor> {
 
 /// A boolean mask as a uint8 tensor (1 = true; null rows are 0).
 fn mask_tensor(mask: &BooleanArray) -> PyResult<PyDLTensor> {
-    let v: Vec<u8> = (0..mask.len()).map(|i| (mask.is_valid(i) && mask.value(i)) as u8).collect();
+    let bits = match mask.nulls() {
+        Some(n) => mask.values() & n.inner(),
+        None => mask.values().clone(),
+    };
+    let v: Vec<u8> = bits.iter().map(u8::from).collect();
     let t = Tensor::from_slice(&alloc(), &v, &[v.len()]).py_err()?.reinterpret(DType::Bool, vec![v.len()]).py_err()?;
     Ok(PyDLTensor::new(t, false))
 }
@@ -69,8 +73,8 @@ fn mask_arg(obj: &Bound<'_, PyAny>, n: usize) -> PyResult<BooleanArray> {
     if view.strides.as_ref().is_some_and(|s| s[0] != 1) {
         return Err(PyValueError::new_err("a mask must be contiguous"));
     }
-    let bytes = imp.bytes();
-    Ok(BooleanArray::from(bytes[..n].iter().map(|&b| b != 0).collect::<Vec<bool>>()))
+    let bytes = &imp.bytes()[..n];
+    Ok(BooleanArray::new(BooleanBuffer::collect_bool(n, |i| bytes[i] != 0), None))
 }
 
 /// Copy a 1-D array argument's bytes (validated copies: the producer may change its memory
@@ -249,7 +253,7 @@ impl PyStringTensor {
     /// Validity as a bool tensor (true = valid).
     fn validity(&self) -> PyResult<PyDLTensor> {
         let a = self.inner.as_arrow();
-        let v = BooleanArray::from((0..a.len()).map(|i| a.is_valid(i)).collect::<Vec<bool>>());
+        let v = BooleanArray::new(a.nulls().map(|n| n.inner().clone()).unwrap_or_else(|| BooleanBuffer::new_set(a.len())), None);
         mask_tensor(&v)
     }
 
@@ -588,16 +592,41 @@ impl PyNearDedup {
 
 #[pymethods]
 impl PyNearDedup {
+    /// In memory (`path=None`) or persistent in the folder `path`; `committed` opens the folder
+    /// at that many committed signatures (a count from the caller's own checkpoint).
     #[new]
-    #[pyo3(signature = (threshold = 0.8, num_perm = 128, shingle = 5, unit = "chars", bands = None, seed = 1))]
-    fn new(threshold: f64, num_perm: usize, shingle: usize, unit: &str, bands: Option<usize>, seed: u64) -> PyResult<Self> {
+    #[pyo3(signature = (threshold = 0.8, num_perm = 128, shingle = 5, unit = "chars", bands = None, seed = 1, path = None, committed = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, threshold: f64, num_perm: usize, shingle: usize, unit: &str, bands: Option<usize>, seed: u64, path: Option<std::path::PathBuf>, committed: Option<u64>) -> PyResult<Self> {
         let unit = match unit {
             "chars" => ShingleUnit::Chars,
             "words" => ShingleUnit::Words,
             other => return Err(PyValueError::new_err(format!("unit must be 'chars' or 'words', not '{other}'"))),
         };
-        let d = NearDedup::new(MinHashParams { num_perm, shingle, unit, seed, threshold, bands }).py_err()?;
+        let params = MinHashParams { num_perm, shingle, unit, seed, threshold, bands };
+        let d = py
+            .detach(|| match (path, committed) {
+                (None, _) => NearDedup::new(params),
+                (Some(p), None) => NearDedup::open(p, params),
+                (Some(p), Some(c)) => NearDedup::open_at(p, params, c),
+            })
+            .py_err()?;
         Ok(PyNearDedup { inner: std::sync::Arc::new(std::sync::Mutex::new(d)), num_perm })
+    }
+
+    /// Durably record every kept signature; returns the committed count.
+    fn commit(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.lock().commit()).py_err()
+    }
+
+    /// Durably record the signatures kept up to when `count` texts were kept.
+    fn commit_upto(&self, py: Python<'_>, count: u64) -> PyResult<u64> {
+        py.detach(|| self.lock().commit_upto(count)).py_err()
+    }
+
+    #[getter]
+    fn committed(&self) -> u64 {
+        self.lock().committed()
     }
 
     /// Signatures of the strings (nulls as empty), uint64 [n, num_perm]; nothing is indexed.

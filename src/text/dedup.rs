@@ -78,7 +78,7 @@ impl ExactDedup {
     pub fn open(dir: impl AsRef<Path>, max_memory: usize) -> Result<ExactDedup> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        let committed = read_committed(&dir.join(COMMITTED))?;
+        let committed = read_count(&dir.join(COMMITTED))?;
         ExactDedup::open_at(dir, max_memory, committed)
     }
 
@@ -187,7 +187,7 @@ impl ExactDedup {
         }
         self.committed += k as u64;
         self.pending.drain(..k);
-        write_committed(&dir, self.committed)?;
+        write_atomic(&dir, COMMITTED, self.committed.to_string().as_bytes())?;
         Ok(self.committed)
     }
 
@@ -242,7 +242,8 @@ impl ExactDedup {
     }
 }
 
-fn read_committed(path: &Path) -> Result<u64> {
+/// A count stored as text in `path` (0 when the file does not exist).
+pub(crate) fn read_count(path: &Path) -> Result<u64> {
     match std::fs::read(path) {
         Ok(b) => {
             let text = std::str::from_utf8(&b).map_err(|_| Error::corrupt(path, "not UTF-8"))?;
@@ -253,12 +254,13 @@ fn read_committed(path: &Path) -> Result<u64> {
     }
 }
 
-fn write_committed(dir: &Path, n: u64) -> Result<()> {
-    let tmp = dir.join(format!("{COMMITTED}.tmp"));
-    let dst = dir.join(COMMITTED);
+/// Replace `dir/name` with `bytes` durably: temp + fsync + rename + folder fsync.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let dst = dir.join(name);
     {
         let mut f = File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(n.to_string().as_bytes()).map_err(|e| io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| io(&tmp, e))?;
         f.sync_all().map_err(|e| io(&tmp, e))?;
     }
     std::fs::rename(&tmp, &dst).map_err(|e| io(&dst, e))?;

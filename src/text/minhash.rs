@@ -12,9 +12,19 @@
 //! when some kept text shares a whole band with it *and* their signatures agree in at least
 //! `threshold` of the positions (the MinHash estimate of their Jaccard similarity); otherwise
 //! it is kept and indexed. Texts are checked in order, so the result is deterministic.
+//!
+//! Persistence ([`NearDedup::open_at`]): a folder holds `near.params` (the parameters, so a
+//! folder is never reopened with other ones), `near.log` (the kept signatures, `num_perm`
+//! little-endian u64 each, append-only) and `near.committed` (how many are committed, temp +
+//! fsync + rename). [`NearDedup::commit_upto`] appends the signatures kept up to a count and
+//! fsyncs; reopening replays the committed signatures into the index and cuts a longer log
+//! back, so decisions after a crash are those the committed state makes.
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
 use std::hash::BuildHasherDefault;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
@@ -101,6 +111,17 @@ pub struct NearDedup {
     index: Vec<HashMap<u64, Vec<u32>, BuildHasherDefault<IdHasher>>>,
     /// Kept signatures, `num_perm` each.
     kept: Vec<u64>,
+    /// Persistence: the folder, its open log and the committed count.
+    store: Option<(PathBuf, File)>,
+    committed: usize,
+}
+
+const NEAR_LOG: &str = "near.log";
+const NEAR_COMMITTED: &str = "near.committed";
+const NEAR_PARAMS: &str = "near.params";
+
+fn io(path: &Path, source: std::io::Error) -> Error {
+    Error::Io { path: path.to_path_buf(), source }
 }
 
 impl NearDedup {
@@ -123,7 +144,100 @@ impl NearDedup {
         };
         let a = (0..params.num_perm as u64).map(|i| (splitmix64(params.seed, 2 * i) | 1) % MERSENNE61).collect();
         let b = (0..params.num_perm as u64).map(|i| splitmix64(params.seed, 2 * i + 1) % MERSENNE61).collect();
-        Ok(NearDedup { params, a, b, bands, rows, index: (0..bands).map(|_| HashMap::default()).collect(), kept: Vec::new() })
+        Ok(NearDedup { params, a, b, bands, rows, index: (0..bands).map(|_| HashMap::default()).collect(), kept: Vec::new(), store: None, committed: 0 })
+    }
+
+    /// Open (or create) a persistent detector in `dir` at its last commit.
+    pub fn open(dir: impl AsRef<Path>, params: MinHashParams) -> Result<NearDedup> {
+        let dir = dir.as_ref();
+        let committed = crate::text::dedup::read_count(&dir.join(NEAR_COMMITTED))?;
+        NearDedup::open_at(dir, params, committed)
+    }
+
+    /// Open `dir` at exactly `committed` kept signatures (a count kept in the caller's own
+    /// checkpoint): the committed signatures are indexed again, a longer log is cut back to
+    /// them, a shorter one is an error; a folder made with other parameters is refused.
+    pub fn open_at(dir: impl AsRef<Path>, params: MinHashParams, committed: u64) -> Result<NearDedup> {
+        let mut d = NearDedup::new(params)?;
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        let desc = d.describe();
+        let params_path = dir.join(NEAR_PARAMS);
+        match std::fs::read_to_string(&params_path) {
+            Ok(old) if old.trim() == desc => {}
+            Ok(old) => return Err(Error::invalid("params", format!("{} was made with '{}', not '{desc}'", dir.display(), old.trim()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if committed > 0 {
+                    return Err(Error::corrupt(&params_path, format!("missing, but the checkpoint names {committed} committed signatures")));
+                }
+                crate::text::dedup::write_atomic(&dir, NEAR_PARAMS, desc.as_bytes())?;
+            }
+            Err(e) => return Err(io(&params_path, e)),
+        }
+        let p = d.params.num_perm;
+        let log_path = dir.join(NEAR_LOG);
+        let log = OpenOptions::new().read(true).append(true).create(true).open(&log_path).map_err(|e| io(&log_path, e))?;
+        let len = log.metadata().map_err(|e| io(&log_path, e))?.len();
+        let want = committed.checked_mul(8 * p as u64).ok_or_else(|| Error::invalid("committed", format!("{committed} signatures")))?;
+        if len < want {
+            return Err(Error::corrupt(&log_path, format!("the checkpoint names {committed} committed signatures but the log holds {}", len / (8 * p as u64))));
+        }
+        if len > want {
+            log.set_len(want).map_err(|e| io(&log_path, e))?;
+            log.sync_all().map_err(|e| io(&log_path, e))?;
+        }
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, &log);
+        let mut buf = vec![0u8; 8 * p];
+        let mut sig = vec![0u64; p];
+        for _ in 0..committed {
+            reader.read_exact(&mut buf).map_err(|e| io(&log_path, e))?;
+            for (s, c) in sig.iter_mut().zip(buf.chunks_exact(8)) {
+                *s = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            }
+            d.index_signature(&sig);
+        }
+        drop(reader);
+        d.committed = committed as usize;
+        d.store = Some((dir, log));
+        Ok(d)
+    }
+
+    /// The parameters as one line (stored with a persistent folder).
+    fn describe(&self) -> String {
+        let unit = match self.params.unit {
+            ShingleUnit::Chars => "chars",
+            ShingleUnit::Words => "words",
+        };
+        format!("num_perm={} shingle={} unit={unit} seed={} threshold={} bands={}", self.params.num_perm, self.params.shingle, self.params.seed, self.params.threshold, self.bands)
+    }
+
+    /// Kept signatures committed (the count a checkpoint stores).
+    pub fn committed(&self) -> u64 {
+        self.committed as u64
+    }
+
+    /// Record durably the signatures kept up to the moment `count` texts were kept (a
+    /// [`NearDedup::len`] read earlier; later ones stay pending). In memory it only moves the
+    /// committed count.
+    pub fn commit_upto(&mut self, count: u64) -> Result<u64> {
+        if count < self.committed as u64 || count > self.len() as u64 {
+            return Err(Error::invalid("count", format!("{count} is outside the committed {} .. kept {}", self.committed, self.len())));
+        }
+        let p = self.params.num_perm;
+        if let Some((dir, log)) = self.store.as_mut() {
+            let log_path = dir.join(NEAR_LOG);
+            let bytes: Vec<u8> = self.kept[self.committed * p..count as usize * p].iter().flat_map(|v| v.to_le_bytes()).collect();
+            log.write_all(&bytes).map_err(|e| io(&log_path, e))?;
+            log.sync_data().map_err(|e| io(&log_path, e))?;
+            crate::text::dedup::write_atomic(dir, NEAR_COMMITTED, count.to_string().as_bytes())?;
+        }
+        self.committed = count as usize;
+        Ok(count)
+    }
+
+    /// Record every kept signature durably; returns the committed count.
+    pub fn commit(&mut self) -> Result<u64> {
+        self.commit_upto(self.len() as u64)
     }
 
     /// (bands, rows per band).
@@ -228,11 +342,21 @@ impl NearDedup {
                 }
             }
         }
+        self.push_kept(sig, hashes);
+        true
+    }
+
+    /// Index a signature known to be kept (replaying a log).
+    fn index_signature(&mut self, sig: &[u64]) {
+        let hashes: Vec<u64> = (0..self.bands).map(|band| self.band_hash(sig, band)).collect();
+        self.push_kept(sig, hashes);
+    }
+
+    fn push_kept(&mut self, sig: &[u64], hashes: Vec<u64>) {
         let id = self.len() as u32;
         self.kept.extend_from_slice(sig);
         for (band, h) in hashes.into_iter().enumerate() {
             self.index[band].entry(h).or_default().push(id);
         }
-        true
     }
 }

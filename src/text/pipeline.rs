@@ -106,8 +106,9 @@ impl TextPipeline {
                 let rows: Vec<usize> = (0..k.len()).filter(|&r| k[r]).collect();
                 let new = match &self.stages[i] {
                     Stage::Dedup(d) => {
-                        let hashes = text.hash(0);
-                        let hs: Vec<u64> = rows.iter().map(|&r| hashes.value(r)).collect();
+                        // Only the rows still kept are hashed (in parallel when worth it).
+                        let hash = |&r: &usize| crate::text::tensor::xxh3(arr.value(r).as_bytes(), 0);
+                        let hs: Vec<u64> = if worth_parallel(rows.len(), input.total_bytes()) { rows.par_iter().with_min_len(256).map(hash).collect() } else { rows.iter().map(hash).collect() };
                         d.lock().unwrap_or_else(|p| p.into_inner()).insert(&hs)?
                     }
                     Stage::NearDedup(d) => {
@@ -182,7 +183,9 @@ fn run_segment(stages: &[Stage], input: &StringTensor, active: Option<&[bool]>) 
         let tasks = n.div_ceil(per);
         let work = |t: usize| -> Part {
             let (lo, hi) = (t * per, ((t + 1) * per).min(n));
-            let mut part = Part { views: Vec::with_capacity(hi - lo), rewritten: Vec::with_capacity(hi - lo), buffers: vec![Vec::new()], keep: Vec::with_capacity(hi - lo), error: None };
+            // Rewrites rarely grow a text: room for the task's input bytes avoids regrowing.
+            let room: usize = arr.views()[lo..hi].iter().map(|v| *v as u32 as usize).sum();
+            let mut part = Part { views: Vec::with_capacity(hi - lo), rewritten: Vec::with_capacity(hi - lo), buffers: vec![Vec::with_capacity(room)], keep: Vec::with_capacity(hi - lo), error: None };
             let (mut a, mut b) = (String::new(), String::new());
             for i in lo..hi {
                 if arr.is_null(i) || active.is_some_and(|a| !a[i]) {
@@ -227,7 +230,12 @@ fn run_segment(stages: &[Stage], input: &StringTensor, active: Option<&[bool]>) 
                 }
             }
             keep.extend(part.keep);
-            buffers.extend(part.buffers.into_iter().map(Buffer::from_vec));
+            buffers.extend(part.buffers.into_iter().map(|mut b| {
+                if b.capacity() > b.len() + b.len() / 4 {
+                    b.shrink_to_fit(); // the reserve was for the worst case
+                }
+                Buffer::from_vec(b)
+            }));
         }
         let nulls: Option<NullBuffer> = arr.nulls().cloned();
         // SAFETY: views of untouched rows are the input's (its buffers come first, same

@@ -269,31 +269,34 @@ impl StringTensor {
     // ---- operations ----------------------------------------------------------------------
 
     /// Rows that start with `prefix` (null rows give null). The view's 4-byte prefix rejects
-    /// most rows without touching string data.
+    /// most rows without touching string data: one branch-free pass over the views, then the
+    /// rest of a longer prefix compared on the candidates only.
     pub fn starts_with(&self, prefix: &str) -> BooleanArray {
+        BooleanArray::new(self.prefix_bits(prefix), self.array.nulls().cloned())
+    }
+
+    fn prefix_bits(&self, prefix: &str) -> BooleanBuffer {
         let p = prefix.as_bytes();
-        let head = view_prefix(p);
-        let mask_bits = (1u64 << (8 * p.len().min(4))) - 1;
-        let views = self.array.views();
-        let bits = par_mask(self.len(), |i| {
-            let v = views[i];
-            let len = v as u32 as usize;
-            if len < p.len() || ((v >> 32) as u32 as u64 & mask_bits) != (head >> 32) & mask_bits {
-                return false;
-            }
-            p.len() <= 4 || self.array.value(i).as_bytes().starts_with(p)
-        });
-        BooleanArray::new(bits, self.array.nulls().cloned())
+        let plen = p.len() as u64;
+        let mask = (1u64 << (8 * p.len().min(4))) - 1;
+        let head = (view_prefix(p) >> 32) & mask;
+        let views: &[u128] = self.array.views();
+        let mut words = view_words(views, |v| ((v as u32 as u64) >= plen) & ((((v >> 32) as u64) & mask) == head));
+        if p.len() > 4 {
+            let buffers = self.array.data_buffers();
+            for_each_set(&mut words, |i| view_bytes(&views[i], buffers).starts_with(p));
+        }
+        BooleanBuffer::new(Buffer::from_vec(words), 0, views.len())
     }
 
     /// The rows that start with `prefix` (null rows dropped); the bytes are shared.
     pub fn filter_by_prefix(&self, prefix: &str) -> Result<StringTensor> {
-        self.filter(&self.starts_with(prefix))
+        Ok(self.filter_bits(self.valid_only(self.prefix_bits(prefix))))
     }
 
     /// The rows whose length in `unit` lies in `min..=max` (null rows dropped); bytes shared.
     pub fn filter_length(&self, min: usize, max: usize, unit: LengthUnit) -> Result<StringTensor> {
-        self.filter(&self.length_between(min, max, unit))
+        Ok(self.filter_bits(self.valid_only(self.length_bits(min, max, unit))))
     }
 
     /// Rows equal to `value` (null rows give null); compares length and prefix first.
@@ -351,30 +354,47 @@ impl StringTensor {
 
     /// Rows whose length in `unit` lies in `min..=max` (null rows give null).
     pub fn length_between(&self, min: usize, max: usize, unit: LengthUnit) -> BooleanArray {
-        let views = self.array.views();
-        let bits = par_mask(self.len(), |i| {
-            let bytes = views[i] as u32 as usize;
-            match unit {
-                // A string of b bytes has between b / 4 and b chars: decide without counting
-                // where that settles it.
-                LengthUnit::Chars if bytes < min || bytes.div_ceil(4) > max => false,
-                LengthUnit::Chars if bytes <= max && bytes.div_ceil(4) >= min && self.array.value(i).is_ascii() => (min..=max).contains(&bytes),
-                LengthUnit::Chars => (min..=max).contains(&(char_count(&self.array, i) as usize)),
-                LengthUnit::Bytes => (min..=max).contains(&bytes),
+        BooleanArray::new(self.length_bits(min, max, unit), self.array.nulls().cloned())
+    }
+
+    fn length_bits(&self, min: usize, max: usize, unit: LengthUnit) -> BooleanBuffer {
+        let views: &[u128] = self.array.views();
+        let (lo, hi) = (min.min(u32::MAX as usize + 1) as u64, max.min(u32::MAX as usize) as u64);
+        let words = match unit {
+            LengthUnit::Bytes => view_words(views, |v| ((v as u32 as u64) >= lo) & ((v as u32 as u64) <= hi)),
+            LengthUnit::Chars => {
+                // A string of b bytes has between ceil(b / 4) and b chars: the bytes decide
+                // for most rows; the rest (and non-ASCII ones) count their chars.
+                let maybe = |v: u128| ((v as u32 as u64) >= lo) & ((v as u32 as u64).div_ceil(4) <= hi);
+                let mut words = view_words(views, maybe);
+                let buffers = self.array.data_buffers();
+                for_each_set(&mut words, |i| {
+                    let s = view_bytes(&views[i], buffers);
+                    let b = s.len() as u64;
+                    if (lo..=hi).contains(&b) && (lo..=hi).contains(&b.div_ceil(4)) {
+                        return true;
+                    }
+                    let chars = if s.is_ascii() { b } else { s.iter().filter(|&&c| (c as i8) >= -0x40).count() as u64 };
+                    (lo..=hi).contains(&chars)
+                });
+                words
             }
-        });
-        BooleanArray::new(bits, self.array.nulls().cloned())
+        };
+        BooleanBuffer::new(Buffer::from_vec(words), 0, views.len())
     }
 
     /// XXH3-64 of every row's UTF-8 bytes with `seed` (null rows give null). Equal to
     /// `xxhash.xxh3_64_intdigest(s.encode(), seed)`.
     pub fn hash(&self, seed: u64) -> UInt64Array {
+        let views: &[u128] = self.array.views();
+        let buffers = self.array.data_buffers();
         let mut out = vec![0u64; self.len()];
         let bytes = self.total_bytes();
         let per = rows_per_task(self.len(), bytes);
         let fill = |(c, chunk): (usize, &mut [u64])| {
-            for (j, o) in chunk.iter_mut().enumerate() {
-                *o = xxh3(self.array.value(c * per + j).as_bytes(), seed);
+            let vs = &views[c * per..c * per + chunk.len()];
+            for (o, v) in chunk.iter_mut().zip(vs) {
+                *o = xxh3(view_bytes(v, buffers), seed);
             }
         };
         if worth_parallel(self.len(), bytes) {
@@ -401,8 +421,49 @@ impl StringTensor {
         if mask.len() != self.len() {
             return Err(Error::ShapeMismatch { expected: format!("a mask of {} entries", self.len()), found: format!("{} entries", mask.len()) });
         }
-        let a = arrow_select::filter::filter(&self.array, mask)?;
-        Ok(StringTensor { array: a.as_string_view().clone() })
+        let bits = match mask.nulls() {
+            Some(n) => mask.values() & n.inner(),
+            None => mask.values().clone(),
+        };
+        Ok(self.filter_bits(bits))
+    }
+
+    /// The rows whose bit is set (null rows stay null); the views of those rows are copied,
+    /// the string buffers shared.
+    fn filter_bits(&self, bits: BooleanBuffer) -> StringTensor {
+        let views: &[u128] = self.array.views();
+        let count = bits.count_set_bits();
+        if count == views.len() {
+            return self.clone(); // every row kept: share the views too
+        }
+        let mut out = Vec::with_capacity(count);
+        let nulls = match self.array.nulls() {
+            None => {
+                out.extend(bits.set_indices().map(|i| views[i]));
+                None
+            }
+            Some(n) => {
+                let mut valid = arrow_buffer::BooleanBufferBuilder::new(count);
+                for i in bits.set_indices() {
+                    out.push(views[i]);
+                    valid.append(n.is_valid(i));
+                }
+                Some(NullBuffer::new(valid.finish()))
+            }
+        };
+        // SAFETY: every view is copied unchanged from a valid array whose buffers the result
+        // shares in the same order, so each still addresses valid UTF-8 within its buffer; the
+        // validity (when any) has one entry per copied view.
+        let array = unsafe { StringViewArray::new_unchecked(ScalarBuffer::from(out), self.array.data_buffers().to_vec(), nulls.filter(|n| n.null_count() > 0)) };
+        StringTensor { array }
+    }
+
+    /// Set bits of `bits` that are also valid rows.
+    fn valid_only(&self, bits: BooleanBuffer) -> BooleanBuffer {
+        match self.array.nulls() {
+            Some(n) => &bits & n.inner(),
+            None => bits,
+        }
     }
 
     /// All rows of `parts`, in order (bytes shared where Arrow can).
@@ -446,9 +507,67 @@ fn view_prefix(p: &[u8]) -> u64 {
 }
 
 fn char_count(a: &StringViewArray, i: usize) -> u32 {
-    let s = a.value(i).as_bytes();
+    let s = view_bytes(&a.views()[i], a.data_buffers());
     // A char starts at every byte that is not a continuation byte (0b10xx_xxxx).
     s.iter().filter(|&&b| (b as i8) >= -0x40).count() as u32
+}
+
+/// A row's bytes from its view: inline in the view (up to 12 bytes) or in a data buffer.
+#[inline(always)]
+pub(crate) fn view_bytes<'a>(view: &'a u128, buffers: &'a [Buffer]) -> &'a [u8] {
+    let len = *view as u32 as usize;
+    if len <= INLINE_MAX {
+        // SAFETY: the crate builds for little-endian targets only (lib.rs), where the u128's
+        // memory is the view's 16 bytes in Arrow's order: the length (4 bytes), then up to 12
+        // inline bytes; `len <= 12`, so bytes 4..4 + len lie inside the borrowed view.
+        return unsafe { std::slice::from_raw_parts((view as *const u128 as *const u8).add(4), len) };
+    }
+    let (buf, off) = ((*view >> 64) as u32 as usize, (*view >> 96) as u32 as usize);
+    &buffers[buf][off..off + len]
+}
+
+/// Bitmap words of `views` where the branch-free predicate `f` holds (nulls not considered),
+/// one pass; split over the pool only when large enough to pay for waking it.
+fn view_words(views: &[u128], f: impl Fn(u128) -> bool + Sync) -> Vec<u64> {
+    const PARALLEL_ROWS: usize = 1 << 16;
+    let mut words = vec![0u64; views.len().div_ceil(64)];
+    let fill = |(ws, vs): (&mut [u64], &[u128])| {
+        // Predicates into 64 flag bytes (vectorisable), then 8 flags at a time into bits: the
+        // multiply gathers byte k's low bit into bit 56 + k.
+        let mut flags = [0u8; 64];
+        for (w, chunk) in ws.iter_mut().zip(vs.chunks(64)) {
+            for (fl, v) in flags.iter_mut().zip(chunk) {
+                *fl = f(*v) as u8;
+            }
+            flags[chunk.len()..].fill(0);
+            let mut bits = 0u64;
+            for (k, eight) in flags.chunks_exact(8).enumerate() {
+                let x = u64::from_le_bytes([eight[0], eight[1], eight[2], eight[3], eight[4], eight[5], eight[6], eight[7]]);
+                bits |= (x.wrapping_mul(0x0102_0408_1020_4080) >> 56) << (8 * k);
+            }
+            *w = bits;
+        }
+    };
+    if views.len() >= PARALLEL_ROWS {
+        words.par_chunks_mut(ROWS_PER_TASK / 64).zip(views.par_chunks(ROWS_PER_TASK)).for_each(fill);
+    } else {
+        fill((&mut words, views));
+    }
+    words
+}
+
+/// Clear each set bit of `words` whose row fails `keep`.
+fn for_each_set(words: &mut [u64], keep: impl Fn(usize) -> bool) {
+    for (k, w) in words.iter_mut().enumerate() {
+        let mut rest = *w;
+        while rest != 0 {
+            let j = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if !keep(k * 64 + j) {
+                *w &= !(1u64 << j);
+            }
+        }
+    }
 }
 
 /// A bitmap of `n` rows where `f(i)` is true, computed 64 rows per word, in parallel when large.

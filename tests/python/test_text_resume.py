@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from zrecord.text import ExactDedup, ResumablePipeline, StringTensor, TextCleaner, TextPipeline, make_collate
+from zrecord.text import ExactDedup, NearDedup, ResumablePipeline, StringTensor, TextCleaner, TextPipeline, make_collate
 
 CONSUMER = r"""
 import json, os, sys
@@ -22,7 +22,8 @@ from zrecord.text import ResumablePipeline, TextCleaner
 src, state, out, prefetch, dedup = sys.argv[1:6]
 docs = json.load(open(src))
 pipe = ResumablePipeline(docs, [TextCleaner(collapse_whitespace=True)], state_dir=state, batch_size=7,
-                         prefetch=int(prefetch), dedup=dedup == "1")
+                         prefetch=int(prefetch), dedup=dedup != "0",
+                         near_dedup={"threshold": 0.6, "num_perm": 32, "shingle": 3} if dedup == "near" else False)
 done = (pipe.user_state or {}).get("out", 0)
 fd = os.open(out, os.O_RDWR | os.O_CREAT, 0o644)
 os.ftruncate(fd, done)          # output past the last commit was never committed: drop it
@@ -60,7 +61,7 @@ def expected(docs, dedup):
     return out
 
 
-@pytest.mark.parametrize("prefetch,dedup", [(0, False), (2, False), (0, True), (3, True)])
+@pytest.mark.parametrize("prefetch,dedup", [(0, False), (2, False), (0, True), (3, True), (2, "near")])
 def test_exactly_once_across_sigkill(tmp_path, prefetch, dedup):
     docs = make_docs()
     src = tmp_path / "docs.json"
@@ -68,7 +69,19 @@ def test_exactly_once_across_sigkill(tmp_path, prefetch, dedup):
     script = tmp_path / "consumer.py"
     script.write_text(CONSUMER)
     state, out = tmp_path / "state", tmp_path / "out.txt"
-    args = [sys.executable, str(script), str(src), str(state), str(out), str(prefetch), "1" if dedup else "0"]
+    mode = "near" if dedup == "near" else ("1" if dedup else "0")
+    args = [sys.executable, str(script), str(src), str(state), str(out), str(prefetch), mode]
+    if dedup == "near":
+        # Near-dedup decisions depend on everything kept before: the reference is one run
+        # without interruption (the decisions themselves are checked against a Python
+        # MinHash in test_text.py); it must drop near copies beyond the exact ones.
+        ref_args = [sys.executable, str(script), str(src), str(tmp_path / "ref_state"), str(tmp_path / "ref.txt"), "0", mode]
+        r = subprocess.run(ref_args, capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()
+        reference = [int(x) for x in (tmp_path / "ref.txt").read_text().split()]
+        assert 0 < len(reference) < len(expected(docs, True))
+    else:
+        reference = expected(docs, dedup)
     rng = random.Random(hash((prefetch, dedup)) & 0xFFFF)
     kills = 0
     while kills < 13:
@@ -85,7 +98,7 @@ def test_exactly_once_across_sigkill(tmp_path, prefetch, dedup):
             state_json = state / "pipeline.json"
             if b"DONE" in stdout:
                 final = [int(x) for x in out.read_text().split()]
-                assert final == expected(docs, dedup)
+                assert final == reference
                 for f in [out]:
                     f.unlink()
                 import shutil
@@ -95,7 +108,7 @@ def test_exactly_once_across_sigkill(tmp_path, prefetch, dedup):
     r = subprocess.run(args, capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
     got = [int(x) for x in out.read_text().split()]
-    want = expected(docs, dedup)
+    want = reference
     lost = sorted(set(want) - set(got))
     repeated = len(got) - len(set(got))
     assert not lost and not repeated, f"lost {len(lost)} (e.g. {lost[:5]}), repeated {repeated}"
@@ -265,3 +278,48 @@ def test_parquet_source_resumes_exactly_across_files_and_row_groups(tmp_path):
         ParquetSource(d, "nope")
     with pytest.raises(TypeError, match="not a string column"):
         ParquetSource(d, "id")
+
+
+def test_near_dedup_state_is_committed_with_the_position(tmp_path):
+    base = [" ".join(f"w{(d * 7919 + w * 104729) % 5000}" for w in range(40)) for d in range(30)]
+    docs = base[:20] + [b.replace("w", "x", 1) for b in base[:20]]
+    kw = dict(state_dir=tmp_path / "s", batch_size=5, prefetch=2, near_dedup={"threshold": 0.7})
+    p = ResumablePipeline(docs, **kw)
+    got = []
+    for k, b in enumerate(p):
+        got += b.positions.tolist()
+        if k == 1:
+            p.commit()
+        if k == 3:  # two batches delivered past the commit, then a "crash"
+            break
+    p.close()
+    assert got == list(range(20))
+    p2 = ResumablePipeline(docs, **kw)
+    assert p2.position == 10
+    rest = [pos for b in p2 for pos in b.positions.tolist()]
+    p2.close()
+    # Replayed from the commit: originals 10..19 kept again, near copies of all 20 dropped.
+    assert rest == list(range(10, 20))
+    # Reopened with other parameters: refused; dedup stages in `stages` are refused too.
+    with pytest.raises(ValueError, match="num_perm"):
+        ResumablePipeline(docs, **{**kw, "near_dedup": {"threshold": 0.7, "num_perm": 64}})
+    with pytest.raises(ValueError, match="NearDedup"):
+        ResumablePipeline(docs, [NearDedup()], state_dir=tmp_path / "t")
+    with pytest.raises(ValueError, match="ExactDedup"):
+        ResumablePipeline(docs, [ExactDedup()], state_dir=tmp_path / "t")
+    with pytest.raises(TypeError, match="near_dedup"):
+        ResumablePipeline(docs, state_dir=tmp_path / "t", near_dedup="yes")
+
+
+def test_near_dedup_folder_reopens_at_its_commit(tmp_path):
+    base = [" ".join(f"w{(d * 7919 + w * 104729) % 5000}" for w in range(40)) for d in range(10)]
+    near = [b.replace("w", "x", 1) for b in base]
+    d = NearDedup(0.7, path=tmp_path / "nd")
+    assert d.check(StringTensor(base)).all()
+    assert d.commit_upto(6) == 6
+    del d
+    d = NearDedup(0.7, path=tmp_path / "nd")
+    assert (len(d), d.committed) == (6, 6)
+    assert d.check(StringTensor(near)).tolist() == [False] * 6 + [True] * 4
+    with pytest.raises(ValueError, match="shingle=5"):
+        NearDedup(0.7, shingle=4, path=tmp_path / "nd")
