@@ -34,7 +34,7 @@ pub(crate) mod udf;
 
 pub use clean::Cleaner;
 pub use dedup::ExactDedup;
-pub use minhash::{optimal_bands, splitmix64, MinHashParams, NearDedup, ShingleUnit};
+pub use minhash::{optimal_bands, splitmix64, MinHashParams, NearDedup, ShingleUnit, Signer};
 pub use pii::{PiiKind, PiiMasker};
 pub use pipeline::{Stage, StageOutput, TextPipeline};
 pub use quality::{QualityFilter, QualityRules, QualityStats};

@@ -49,6 +49,7 @@ impl sqllogictest::AsyncDB for Db {
 /// - `labels.zrec` a single dense int64 store (i * 7), 10 records, codec zstd.
 /// - `grid/` ragged float32 ndim 2 (record i has shape [1 + i%2, 2], values i*0.5 + k), 4 records.
 /// - `misaligned/` two streams of 3 and 4 records.
+/// - `tokenizer.json` a word-level tokenizer (vocab `[UNK]` Hello world mail now < > EMAIL).
 fn make_fixtures(dir: &Path) {
     let n = 20usize;
     let root = dir.join("vision");
@@ -77,6 +78,15 @@ fn make_fixtures(dir: &Path) {
     let mut w = RaggedWriter::create(dir.join("grid"), DType::Float32, 2, WriterOptions::default()).unwrap();
     w.append(&packed.as_input()).unwrap();
     w.finish().unwrap();
+
+    // A word-level tokenizer.json for text_tokenize (sql/text.slt).
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+ "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+ "model":{"type":"WordLevel","vocab":{"[UNK]":0,"Hello":1,"world":2,"mail":3,"now":4,"<":5,">":6,"EMAIL":7},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
 
     for (name, k) in [("a", 3i64), ("b", 4)] {
         let mut w = DenseWriter::create(dir.join("misaligned").join(name), DType::Int64, &[], WriterOptions::default()).unwrap();

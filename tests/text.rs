@@ -544,3 +544,67 @@ fn near_dedup_persists_committed_signatures_and_cuts_the_rest() {
     let e = NearDedup::open(dir.path(), MinHashParams { num_perm: 64, ..params.clone() }).unwrap_err();
     assert!(e.to_string().contains("num_perm=128"), "{e}");
 }
+
+/// Each stage alone, run only on the rows every earlier stage kept (the definition the fused
+/// pipeline must match): the kept mask and the kept rows' texts.
+fn stage_by_stage(stages: &[Stage], rows: &[Option<String>]) -> (Vec<bool>, Vec<Option<String>>) {
+    let mut cur = rows.to_vec();
+    let mut keep: Vec<bool> = rows.iter().map(Option::is_some).collect();
+    for st in stages {
+        let idx: Vec<usize> = (0..rows.len()).filter(|&i| keep[i]).collect();
+        let sub = StringTensor::from_opt_strs(idx.iter().map(|&i| cur[i].as_deref()));
+        let o = TextPipeline::new(vec![st.clone()]).run(&sub).unwrap();
+        for (k, &i) in idx.iter().enumerate() {
+            cur[i] = o.text.value(k).map(str::to_string);
+            keep[i] &= o.keep.value(k);
+        }
+    }
+    (keep, cur)
+}
+
+#[test]
+fn fused_dedup_stages_decide_in_row_order_like_separate_stages() {
+    use std::sync::{Arc, Mutex};
+    use zrecord::text::{ExactDedup, MinHashParams, NearDedup};
+    let rows: Vec<Option<String>> = (0..30_000usize)
+        .map(|i| match i % 11 {
+            0 => None,
+            _ => Some(format!("  doc {} mail u{}@example.org {}\r\n", i % 4000, i % 4000, if i % 3 == 0 { GOOD_DOC } else { "short" })),
+        })
+        .collect();
+    let stages = || {
+        vec![
+            Stage::Clean(Cleaner::default()),
+            Stage::Dedup(Arc::new(Mutex::new(ExactDedup::in_memory(1 << 30)))),
+            Stage::Quality(QualityFilter::new(QualityRules::preset("none").unwrap())),
+            Stage::Pii(PiiMasker::default()),
+            Stage::NearDedup(Arc::new(Mutex::new(NearDedup::new(MinHashParams { threshold: 0.9, num_perm: 32, ..MinHashParams::default() }).unwrap()))),
+        ]
+    };
+    let fused = TextPipeline::new(stages()).run(&tensor(&rows)).unwrap();
+    let (keep, text) = stage_by_stage(&stages(), &rows);
+    let kept = keep.iter().filter(|&&k| k).count();
+    let distinct = rows.iter().flatten().collect::<std::collections::HashSet<_>>().len();
+    assert!(distinct < rows.len() - rows.len() / 11, "exact duplicates in the input");
+    assert!(kept > 100 && kept < distinct, "{kept} kept of {distinct} distinct: near dedup must drop rows too");
+    for i in 0..rows.len() {
+        assert_eq!(fused.keep.value(i), keep[i], "row {i}");
+        if keep[i] {
+            assert_eq!(fused.text.value(i), text[i].as_deref(), "row {i}");
+        }
+    }
+    // The same state listed twice is locked once and consulted at both places, row by row
+    // (as `run_one` does): " a " is new at the first check and "a" at the second; "a" is then
+    // seen at the first check; "b", " b " and "c" each pass the first check and are seen at
+    // the second (their cleaned text was just recorded).
+    let shared = Arc::new(Mutex::new(ExactDedup::in_memory(1 << 20)));
+    let twice = TextPipeline::new(vec![Stage::Dedup(shared.clone()), Stage::Clean(Cleaner::default()), Stage::Dedup(shared)]);
+    let small: Vec<Option<String>> = vec![Some(" a ".into()), Some("a".into()), Some("b".into()), Some(" b ".into()), Some("c".into())];
+    let fused = twice.run(&tensor(&small)).unwrap();
+    assert_eq!((0..5).map(|i| fused.keep.value(i)).collect::<Vec<_>>(), vec![true, false, false, false, false]);
+    let shared = Arc::new(Mutex::new(ExactDedup::in_memory(1 << 20)));
+    let one_by_one = TextPipeline::new(vec![Stage::Dedup(shared.clone()), Stage::Clean(Cleaner::default()), Stage::Dedup(shared)]);
+    let (mut a, mut b) = (String::new(), String::new());
+    let kept: Vec<bool> = small.iter().map(|s| one_by_one.run_one(s.as_deref().unwrap(), &mut a, &mut b).unwrap().1).collect();
+    assert_eq!(kept, vec![true, false, false, false, false]);
+}

@@ -142,20 +142,21 @@ impl ExactDedup {
         self.mem.contains(&h) || self.runs.iter().any(|r| r.contains(h))
     }
 
+    /// True when `h` was not seen before (it is then recorded).
+    pub fn insert_one(&mut self, h: u64) -> Result<bool> {
+        if self.contains(h) {
+            return Ok(false);
+        }
+        self.mem.insert(h);
+        self.pending.push(h);
+        self.maybe_spill()?;
+        Ok(true)
+    }
+
     /// For each hash in order: true when it was not seen before (it is then recorded, so a
     /// repeat later in the same slice is false).
     pub fn insert(&mut self, hashes: &[u64]) -> Result<Vec<bool>> {
-        let mut out = Vec::with_capacity(hashes.len());
-        for &h in hashes {
-            let new = !self.contains(h);
-            if new {
-                self.mem.insert(h);
-                self.pending.push(h);
-                self.maybe_spill()?;
-            }
-            out.push(new);
-        }
-        Ok(out)
+        hashes.iter().map(|&h| self.insert_one(h)).collect()
     }
 
     /// Record the pending hashes durably; returns the committed count.

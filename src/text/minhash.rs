@@ -25,6 +25,7 @@ use std::fs::{File, OpenOptions};
 use std::hash::BuildHasherDefault;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -99,12 +100,74 @@ pub fn optimal_bands(num_perm: usize, t: f64) -> (usize, usize) {
     (best.0, best.1)
 }
 
+/// A detector's MinHash signature function (permutations, shingles), detached from its index.
+#[derive(Clone, Debug)]
+pub struct Signer {
+    num_perm: usize,
+    shingle: usize,
+    unit: ShingleUnit,
+    a: Vec<u64>,
+    b: Vec<u64>,
+}
+
+impl Signer {
+    /// The signature of `text` (see the module docs).
+    pub fn signature(&self, text: &str) -> Vec<u64> {
+        let mut sig = vec![u64::MAX; self.num_perm];
+        let mut add = |h: u64| {
+            for (s, (&a, &b)) in sig.iter_mut().zip(self.a.iter().zip(&self.b)) {
+                let v = ((a as u128 * h as u128 + b as u128) % MERSENNE61 as u128) as u64;
+                if v < *s {
+                    *s = v;
+                }
+            }
+        };
+        let k = self.shingle;
+        match self.unit {
+            ShingleUnit::Chars => {
+                let starts: Vec<usize> = text.char_indices().map(|(i, _)| i).chain(std::iter::once(text.len())).collect();
+                let n = starts.len() - 1;
+                if n > 0 && n <= k {
+                    add(xxh3(text.as_bytes(), 0));
+                } else if n > k {
+                    for i in 0..=n - k {
+                        add(xxh3(&text.as_bytes()[starts[i]..starts[i + k]], 0));
+                    }
+                }
+            }
+            ShingleUnit::Words => {
+                let words: Vec<&str> = text.split_whitespace().collect();
+                let n = words.len();
+                let mut buf = String::new();
+                let windows: Box<dyn Iterator<Item = &[&str]>> = if n == 0 {
+                    Box::new(std::iter::empty())
+                } else if n <= k {
+                    Box::new(std::iter::once(&words[..]))
+                } else {
+                    Box::new(words.windows(k))
+                };
+                for w in windows {
+                    buf.clear();
+                    for (j, x) in w.iter().enumerate() {
+                        if j > 0 {
+                            buf.push(' ');
+                        }
+                        buf.push_str(x);
+                    }
+                    add(xxh3(buf.as_bytes(), 0));
+                }
+            }
+        }
+        sig
+    }
+
+}
+
 /// MinHash signatures and an LSH index of the texts kept so far.
 #[derive(Debug)]
 pub struct NearDedup {
     params: MinHashParams,
-    a: Vec<u64>,
-    b: Vec<u64>,
+    signer: Signer,
     bands: usize,
     rows: usize,
     /// Per band: band hash -> indices of kept texts.
@@ -144,7 +207,8 @@ impl NearDedup {
         };
         let a = (0..params.num_perm as u64).map(|i| (splitmix64(params.seed, 2 * i) | 1) % MERSENNE61).collect();
         let b = (0..params.num_perm as u64).map(|i| splitmix64(params.seed, 2 * i + 1) % MERSENNE61).collect();
-        Ok(NearDedup { params, a, b, bands, rows, index: (0..bands).map(|_| HashMap::default()).collect(), kept: Vec::new(), store: None, committed: 0 })
+        let signer = Signer { num_perm: params.num_perm, shingle: params.shingle, unit: params.unit, a, b };
+        Ok(NearDedup { params, signer, bands, rows, index: (0..bands).map(|_| HashMap::default()).collect(), kept: Vec::new(), store: None, committed: 0 })
     }
 
     /// Open (or create) a persistent detector in `dir` at its last commit.
@@ -257,57 +321,18 @@ impl NearDedup {
 
     /// The permutation parameters `(a, b)`.
     pub fn permutations(&self) -> (&[u64], &[u64]) {
-        (&self.a, &self.b)
+        (&self.signer.a, &self.signer.b)
     }
 
     /// The signature of `text`.
     pub fn signature(&self, text: &str) -> Vec<u64> {
-        let mut sig = vec![u64::MAX; self.params.num_perm];
-        let mut add = |h: u64| {
-            for (s, (&a, &b)) in sig.iter_mut().zip(self.a.iter().zip(&self.b)) {
-                let v = ((a as u128 * h as u128 + b as u128) % MERSENNE61 as u128) as u64;
-                if v < *s {
-                    *s = v;
-                }
-            }
-        };
-        let k = self.params.shingle;
-        match self.params.unit {
-            ShingleUnit::Chars => {
-                let starts: Vec<usize> = text.char_indices().map(|(i, _)| i).chain(std::iter::once(text.len())).collect();
-                let n = starts.len() - 1;
-                if n > 0 && n <= k {
-                    add(xxh3(text.as_bytes(), 0));
-                } else if n > k {
-                    for i in 0..=n - k {
-                        add(xxh3(&text.as_bytes()[starts[i]..starts[i + k]], 0));
-                    }
-                }
-            }
-            ShingleUnit::Words => {
-                let words: Vec<&str> = text.split_whitespace().collect();
-                let n = words.len();
-                let mut buf = String::new();
-                let windows: Box<dyn Iterator<Item = &[&str]>> = if n == 0 {
-                    Box::new(std::iter::empty())
-                } else if n <= k {
-                    Box::new(std::iter::once(&words[..]))
-                } else {
-                    Box::new(words.windows(k))
-                };
-                for w in windows {
-                    buf.clear();
-                    for (j, x) in w.iter().enumerate() {
-                        if j > 0 {
-                            buf.push(' ');
-                        }
-                        buf.push_str(x);
-                    }
-                    add(xxh3(buf.as_bytes(), 0));
-                }
-            }
-        }
-        sig
+        self.signer.signature(text)
+    }
+
+    /// The signature function alone (a copy: usable on other threads while the detector is
+    /// locked elsewhere).
+    pub fn signer(&self) -> Arc<Signer> {
+        Arc::new(self.signer.clone())
     }
 
     fn band_hash(&self, sig: &[u64], band: usize) -> u64 {

@@ -43,8 +43,8 @@ impl Stage {
 /// The result of a pipeline over a batch.
 #[derive(Clone, Debug)]
 pub struct StageOutput {
-    /// Every row's text after the stages (a dropped row keeps the text it had when dropped;
-    /// nulls stay null).
+    /// Every row's text after the stages (a row a filter dropped keeps the text it had there,
+    /// one a dedup stage dropped the text the later stages gave it; nulls stay null).
     pub text: StringTensor,
     /// True for rows every stage kept (false for dropped and null rows).
     pub keep: BooleanArray,
@@ -71,8 +71,30 @@ struct Part {
     /// Rows whose view points into `buffers` (the rest are the input's views).
     rewritten: Vec<bool>,
     buffers: Vec<Vec<u8>>,
-    keep: Vec<bool>,
-    error: Option<crate::Error>,
+    /// Per row: the index of the filter stage that dropped it, `stages.len()` when every
+    /// filter passed it, [`NOT_RUN`] for null rows.
+    reached: Vec<u16>,
+    /// Per dedup stage: each row's key there (`width` u64 per row: the XXH3 of its text at that
+    /// point, or its MinHash signature; zeros when the row did not reach the stage).
+    keys: Vec<Vec<u64>>,
+}
+
+/// `reached` of a row no stage ran on (null).
+const NOT_RUN: u16 = u16::MAX;
+
+/// What the parallel pass computes at a dedup stage.
+enum KeyFn {
+    Hash,
+    Signature(Arc<crate::text::Signer>, usize),
+}
+
+impl KeyFn {
+    fn width(&self) -> usize {
+        match self {
+            KeyFn::Hash => 1,
+            KeyFn::Signature(_, w) => *w,
+        }
+    }
 }
 
 impl TextPipeline {
@@ -93,46 +115,86 @@ impl TextPipeline {
         run_stages(&self.stages, text, a, b)
     }
 
-    /// Run the stages over every row (in parallel over tasks of rows; a dedup stage checks
-    /// the surviving rows in row order between the parallel segments around it).
+    /// Run the stages over every row in one parallel pass: each row goes through the stages
+    /// in order and stops at the first filter that drops it; at a dedup stage the pass records
+    /// the row's key there (XXH3-64 of its text, or its MinHash signature) and goes on. Then the
+    /// dedup stages decide in row order, so results are deterministic and equal to running the
+    /// stages one after the other. A row a filter drops keeps the text it had there; a row a
+    /// dedup stage drops keeps the text the later stages gave it.
     pub fn run(&self, input: &StringTensor) -> Result<StageOutput> {
-        let mut text = input.clone();
-        let mut keep: Option<Vec<bool>> = None;
-        let mut i = 0;
-        while i < self.stages.len() {
-            if matches!(self.stages[i], Stage::Dedup(_) | Stage::NearDedup(_)) {
-                let arr = text.as_arrow();
-                let mut k = keep.take().unwrap_or_else(|| (0..arr.len()).map(|r| arr.is_valid(r)).collect());
-                let rows: Vec<usize> = (0..k.len()).filter(|&r| k[r]).collect();
-                let new = match &self.stages[i] {
-                    Stage::Dedup(d) => {
-                        // Only the rows still kept are hashed (in parallel when worth it).
-                        let hash = |&r: &usize| crate::text::tensor::xxh3(arr.value(r).as_bytes(), 0);
-                        let hs: Vec<u64> = if worth_parallel(rows.len(), input.total_bytes()) { rows.par_iter().with_min_len(256).map(hash).collect() } else { rows.iter().map(hash).collect() };
-                        d.lock().unwrap_or_else(|p| p.into_inner()).insert(&hs)?
-                    }
-                    Stage::NearDedup(d) => {
-                        let texts: Vec<&str> = rows.iter().map(|&r| arr.value(r)).collect();
-                        d.lock().unwrap_or_else(|p| p.into_inner()).insert(&texts)
-                    }
-                    _ => vec![true; rows.len()],
-                };
-                for (r, n) in rows.into_iter().zip(new) {
-                    k[r] = n;
-                }
-                keep = Some(k);
-                i += 1;
-                continue;
-            }
-            let j = (i..self.stages.len()).find(|&j| matches!(self.stages[j], Stage::Dedup(_) | Stage::NearDedup(_))).unwrap_or(self.stages.len());
-            let (t, k) = run_segment(&self.stages[i..j], &text, keep.as_deref())?;
-            text = t;
-            keep = Some(k);
-            i = j;
+        if self.stages.len() >= NOT_RUN as usize {
+            return Err(crate::Error::invalid("stages", format!("{} stages (at most {})", self.stages.len(), NOT_RUN - 1)));
         }
-        let arr = text.as_arrow();
-        let k = keep.unwrap_or_else(|| (0..arr.len()).map(|r| arr.is_valid(r)).collect());
-        let bits = par_mask(k.len(), |r| k[r]);
+        // Key functions of the dedup stages, detached from their (locked) state.
+        let key_fns: Vec<(usize, KeyFn)> = self
+            .stages
+            .iter()
+            .enumerate()
+            .filter_map(|(j, st)| match st {
+                Stage::Dedup(_) => Some((j, KeyFn::Hash)),
+                Stage::NearDedup(d) => {
+                    let d = d.lock().unwrap_or_else(|p| p.into_inner());
+                    let w = d.permutations().0.len();
+                    Some((j, KeyFn::Signature(d.signer(), w)))
+                }
+                _ => None,
+            })
+            .collect();
+        let (text, reached, keys) = run_pass(&self.stages, &key_fns, input)?;
+        let n = input.len();
+        let all = self.stages.len() as u16;
+        let mut keep: Vec<bool> = reached.iter().map(|&r| r == all).collect();
+        if !key_fns.is_empty() {
+            // Ordered decisions: a row reaching a dedup stage is checked (and recorded) there;
+            // a duplicate is dropped and does not reach the next dedup stage.
+            enum Locked<'a> {
+                Exact(std::sync::MutexGuard<'a, ExactDedup>),
+                Near(std::sync::MutexGuard<'a, NearDedup>),
+            }
+            // Each distinct state locked once for the batch (a state listed twice is one lock).
+            let mut locked: Vec<Locked<'_>> = Vec::new();
+            let mut seen: Vec<*const ()> = Vec::new();
+            let mut guard_of: Vec<usize> = Vec::with_capacity(key_fns.len());
+            for st in &self.stages {
+                let ptr = match st {
+                    Stage::Dedup(d) => Arc::as_ptr(d) as *const (),
+                    Stage::NearDedup(d) => Arc::as_ptr(d) as *const (),
+                    _ => continue,
+                };
+                if let Some(g) = seen.iter().position(|&p| p == ptr) {
+                    guard_of.push(g);
+                    continue;
+                }
+                seen.push(ptr);
+                locked.push(match st {
+                    Stage::NearDedup(d) => Locked::Near(d.lock().unwrap_or_else(|p| p.into_inner())),
+                    Stage::Dedup(d) => Locked::Exact(d.lock().unwrap_or_else(|p| p.into_inner())),
+                    _ => continue,
+                });
+                guard_of.push(locked.len() - 1);
+            }
+            for r in 0..n {
+                if reached[r] == NOT_RUN {
+                    continue;
+                }
+                for (d, (j, f)) in key_fns.iter().enumerate() {
+                    if *j as u16 >= reached[r] {
+                        break; // a filter before this stage dropped the row
+                    }
+                    let w = f.width();
+                    let key = &keys[d][r * w..(r + 1) * w];
+                    let new = match &mut locked[guard_of[d]] {
+                        Locked::Exact(set) => set.insert_one(key[0])?,
+                        Locked::Near(nd) => nd.insert_signature(key),
+                    };
+                    if !new {
+                        keep[r] = false;
+                        break;
+                    }
+                }
+            }
+        }
+        let bits = par_mask(n, |r| keep[r]);
         Ok(StageOutput { text, keep: BooleanArray::new(bits, None) })
     }
 }
@@ -173,78 +235,105 @@ fn run_stages(stages: &[Stage], text: &str, a: &mut String, b: &mut String) -> R
     Ok((rewritten && a.as_str() != text, true))
 }
 
-/// Stateless stages over the rows still `active` (all non-null rows when `None`), in parallel:
-/// the new texts and which rows survived.
-fn run_segment(stages: &[Stage], input: &StringTensor, active: Option<&[bool]>) -> Result<(StringTensor, Vec<bool>)> {
-        let arr = input.as_arrow();
-        let n = arr.len();
-        let bytes = input.total_bytes();
-        let per = rows_per_task(n, bytes);
-        let tasks = n.div_ceil(per);
-        let work = |t: usize| -> Part {
-            let (lo, hi) = (t * per, ((t + 1) * per).min(n));
-            // Rewrites rarely grow a text: room for the task's input bytes avoids regrowing.
-            let room: usize = arr.views()[lo..hi].iter().map(|v| *v as u32 as usize).sum();
-            let mut part = Part { views: Vec::with_capacity(hi - lo), rewritten: Vec::with_capacity(hi - lo), buffers: vec![Vec::with_capacity(room)], keep: Vec::with_capacity(hi - lo), error: None };
-            let (mut a, mut b) = (String::new(), String::new());
-            for i in lo..hi {
-                if arr.is_null(i) || active.is_some_and(|a| !a[i]) {
-                    part.views.push(arr.views()[i]);
-                    part.rewritten.push(false);
-                    part.keep.push(false);
-                    continue;
+/// One row through every stage (see [`TextPipeline::run`]): dedup stages record the row's key
+/// in `keys` and pass it on. Returns (rewritten, reached) like `Part`.
+fn row_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], text: &str, a: &mut String, b: &mut String, keys: &mut [Vec<u64>]) -> (bool, u16) {
+    let mut rewritten = false;
+    let mut d = 0;
+    for (j, stage) in stages.iter().enumerate() {
+        let src: &str = if rewritten { a.as_str() } else { text };
+        let changed = match stage {
+            Stage::Quality(q) => {
+                if !q.keep(src) {
+                    return (rewritten && a.as_str() != text, j as u16);
                 }
-                let (rewritten, keep) = match run_stages(stages, arr.value(i), &mut a, &mut b) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        part.error = Some(e);
-                        return part;
-                    }
-                };
-                part.keep.push(keep);
-                if rewritten {
-                    part.views.push(push_view(&mut part.buffers, &a));
-                } else {
-                    part.views.push(arr.views()[i]);
-                }
-                part.rewritten.push(rewritten);
+                false
             }
-            part
+            Stage::Clean(c) => c.clean_into(src, b),
+            Stage::Pii(p) => p.mask_into(src, b),
+            Stage::Dedup(_) | Stage::NearDedup(_) => {
+                match &key_fns[d].1 {
+                    KeyFn::Hash => keys[d].push(crate::text::tensor::xxh3(src.as_bytes(), 0)),
+                    KeyFn::Signature(signer, _) => keys[d].extend(signer.signature(src)),
+                }
+                d += 1;
+                false
+            }
         };
-        let parts: Vec<Part> = if tasks > 1 && (worth_parallel(n, bytes) || !stages.is_empty()) { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
-        // Stitch: the input's buffers first, then every task's buffers in order.
-        let mut buffers: Vec<Buffer> = arr.data_buffers().to_vec();
-        let mut views = Vec::with_capacity(n);
-        let mut keep = Vec::with_capacity(n);
-        for mut part in parts {
-            if let Some(e) = part.error.take() {
-                return Err(e);
-            }
-            let base = buffers.len() as u32;
-            for (v, rw) in part.views.into_iter().zip(part.rewritten) {
-                if rw && (v as u32) > 12 {
-                    let bv = arrow_data::ByteView::from(v);
-                    views.push(bv.with_buffer_index(bv.buffer_index + base).as_u128());
-                } else {
-                    views.push(v);
-                }
-            }
-            keep.extend(part.keep);
-            buffers.extend(part.buffers.into_iter().map(|mut b| {
-                if b.capacity() > b.len() + b.len() / 4 {
-                    b.shrink_to_fit(); // the reserve was for the worst case
-                }
-                Buffer::from_vec(b)
-            }));
+        if changed {
+            std::mem::swap(a, b);
+            rewritten = true;
         }
-        let nulls: Option<NullBuffer> = arr.nulls().cloned();
-        // SAFETY: views of untouched rows are the input's (its buffers come first, same
-        // indices); rewritten rows' views were built by `push_view` from `&str` (valid UTF-8)
-        // into their task's buffers, renumbered by the count of buffers before them; empty task
-        // buffers are skipped only when no view refers to them (a long view always lands in a
-        // non-empty buffer). Lengths match `n`.
-        let text = unsafe { StringViewArray::new_unchecked(ScalarBuffer::from(views), buffers, nulls) };
-        Ok((StringTensor::new(text), keep))
+    }
+    (rewritten && a.as_str() != text, stages.len() as u16)
+}
+
+/// The parallel pass of [`TextPipeline::run`]: every row's text after the stages, where each
+/// row stopped (`Part::reached`) and the keys of the dedup stages, all in row order.
+fn run_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], input: &StringTensor) -> Result<(StringTensor, Vec<u16>, Vec<Vec<u64>>)> {
+    let arr = input.as_arrow();
+    let n = arr.len();
+    let bytes = input.total_bytes();
+    let per = rows_per_task(n, bytes);
+    let tasks = n.div_ceil(per);
+    let work = |t: usize| -> Part {
+        let (lo, hi) = (t * per, ((t + 1) * per).min(n));
+        // Rewrites rarely grow a text: room for the task's input bytes avoids regrowing.
+        let room: usize = arr.views()[lo..hi].iter().map(|v| *v as u32 as usize).sum();
+        let mut part = Part {
+            views: Vec::with_capacity(hi - lo),
+            rewritten: Vec::with_capacity(hi - lo),
+            buffers: vec![Vec::with_capacity(room)],
+            reached: Vec::with_capacity(hi - lo),
+            keys: key_fns.iter().map(|(_, f)| Vec::with_capacity((hi - lo) * f.width())).collect(),
+        };
+        let (mut a, mut b) = (String::new(), String::new());
+        for i in lo..hi {
+            let (rewritten, reached) = if arr.is_null(i) { (false, NOT_RUN) } else { row_pass(stages, key_fns, arr.value(i), &mut a, &mut b, &mut part.keys) };
+            // Rows that did not reach a dedup stage hold zeros there (never looked at).
+            for (keys, (_, f)) in part.keys.iter_mut().zip(key_fns) {
+                keys.resize((i - lo + 1) * f.width(), 0);
+            }
+            part.reached.push(reached);
+            part.views.push(if rewritten { push_view(&mut part.buffers, &a) } else { arr.views()[i] });
+            part.rewritten.push(rewritten);
+        }
+        part
+    };
+    let parts: Vec<Part> = if tasks > 1 && (worth_parallel(n, bytes) || !stages.is_empty()) { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
+    // Stitch: the input's buffers first, then every task's buffers in order.
+    let mut buffers: Vec<Buffer> = arr.data_buffers().to_vec();
+    let mut views = Vec::with_capacity(n);
+    let mut reached = Vec::with_capacity(n);
+    let mut keys: Vec<Vec<u64>> = key_fns.iter().map(|(_, f)| Vec::with_capacity(n * f.width())).collect();
+    for part in parts {
+        let base = buffers.len() as u32;
+        for (v, rw) in part.views.into_iter().zip(part.rewritten) {
+            if rw && (v as u32) > 12 {
+                let bv = arrow_data::ByteView::from(v);
+                views.push(bv.with_buffer_index(bv.buffer_index + base).as_u128());
+            } else {
+                views.push(v);
+            }
+        }
+        reached.extend(part.reached);
+        for (all, k) in keys.iter_mut().zip(part.keys) {
+            all.extend(k);
+        }
+        buffers.extend(part.buffers.into_iter().map(|mut b| {
+            if b.capacity() > b.len() + b.len() / 4 {
+                b.shrink_to_fit(); // the reserve was for the worst case
+            }
+            Buffer::from_vec(b)
+        }));
+    }
+    let nulls: Option<NullBuffer> = arr.nulls().cloned();
+    // SAFETY: views of untouched rows are the input's (its buffers come first, same
+    // indices); rewritten rows' views were built by `push_view` from `&str` (valid UTF-8)
+    // into their task's buffers, renumbered by the count of buffers before them (every task
+    // buffer is appended, empty or not). Lengths match `n`.
+    let text = unsafe { StringViewArray::new_unchecked(ScalarBuffer::from(views), buffers, nulls) };
+    Ok((StringTensor::new(text), reached, keys))
 }
 
 /// Append `s` to the task's buffers and return its view (inline when short). A new buffer

@@ -6,10 +6,12 @@
 //! | `text_quality(text [, 'preset'])` | true when the document passes the preset's rules (`gopher`, the default, or `none`) |
 //! | `pii_mask(text)` | the string with personal data replaced by `<EMAIL>`, `<API_KEY>`, ... |
 //! | `text_hash(text [, seed])` | XXH3-64 of the UTF-8 bytes, uint64 |
+//! | `text_tokenize(text, 'tokenizer.json')` | token ids, `List<Int32>` (a ragged int32 stream when copied into a dataset root) |
 //!
-//! Null strings give null.
+//! Null strings give null. A tokenizer file is loaded once per path (again when it changes).
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::{Array, ArrayRef, BooleanArray};
 use arrow_schema::DataType;
@@ -27,6 +29,7 @@ enum TextFn {
     Quality,
     Pii,
     Hash,
+    Tokenize,
 }
 
 /// One of the text scalar functions.
@@ -36,9 +39,34 @@ struct TextUdf {
     signature: Signature,
 }
 
-/// The four text functions, ready to register.
+/// The text functions, ready to register.
 pub fn text_udfs() -> Vec<ScalarUDF> {
-    [TextFn::Clean, TextFn::Quality, TextFn::Pii, TextFn::Hash].into_iter().map(|func| ScalarUDF::from(TextUdf { func, signature: Signature::variadic_any(Volatility::Immutable) })).collect()
+    [TextFn::Clean, TextFn::Quality, TextFn::Pii, TextFn::Hash, TextFn::Tokenize].into_iter().map(|func| ScalarUDF::from(TextUdf { func, signature: Signature::variadic_any(Volatility::Immutable) })).collect()
+}
+
+/// The tokenizer at `path`, loaded once and again when the file's size or mtime changes.
+fn shared_tokenizer(path: &str) -> Result<Arc<crate::text::Tokenizer>> {
+    type Cache = Mutex<HashMap<String, (Option<std::time::SystemTime>, u64, Arc<crate::text::Tokenizer>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let meta = std::fs::metadata(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+    let key = (meta.modified().ok(), meta.len());
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((m, l, t)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(path) {
+        if (*m, *l) == key {
+            return Ok(t.clone());
+        }
+    }
+    let t = Arc::new(crate::text::Tokenizer::from_file(path)?);
+    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_string(), (key.0, key.1, t.clone()));
+    Ok(t)
+}
+
+fn token_field() -> arrow_schema::FieldRef {
+    Arc::new(arrow_schema::Field::new_list_field(DataType::Int32, true))
+}
+
+fn token_list_type() -> DataType {
+    DataType::List(token_field())
 }
 
 fn shared_masker() -> &'static PiiMasker {
@@ -69,6 +97,7 @@ impl TextUdf {
             TextFn::Quality => "text_quality",
             TextFn::Pii => "pii_mask",
             TextFn::Hash => "text_hash",
+            TextFn::Tokenize => "text_tokenize",
         }
     }
 
@@ -93,9 +122,18 @@ impl ScalarUDFImpl for TextUdf {
 
     fn return_type(&self, args: &[DataType]) -> DfResult<DataType> {
         let name = self.name_str();
-        let max = if self.func == TextFn::Pii { 1 } else { 2 };
-        if args.is_empty() || args.len() > max {
-            return plan_err!("{name} takes {} argument(s), got {}", if max == 1 { "1" } else { "1 or 2" }, args.len());
+        let (min, max) = match self.func {
+            TextFn::Pii => (1, 1),
+            TextFn::Tokenize => (2, 2),
+            _ => (1, 2),
+        };
+        if args.len() < min || args.len() > max {
+            let want = match (min, max) {
+                (1, 1) => "1",
+                (2, 2) => "2 (text, 'path/to/tokenizer.json')",
+                _ => "1 or 2",
+            };
+            return plan_err!("{name} takes {want} argument(s), got {}", args.len());
         }
         let text = match &args[0] {
             t @ (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => t.clone(),
@@ -115,6 +153,7 @@ impl ScalarUDFImpl for TextUdf {
             TextFn::Clean | TextFn::Pii => text,
             TextFn::Quality => DataType::Boolean,
             TextFn::Hash => DataType::UInt64,
+            TextFn::Tokenize => token_list_type(),
         })
     }
 
@@ -166,6 +205,28 @@ impl TextUdf {
                     }
                 };
                 Ok(Arc::new(strings.hash(seed)))
+            }
+            TextFn::Tokenize => {
+                let path = opt_str(&opt)?.ok_or_else(|| Error::invalid("text_tokenize", "the tokenizer path is NULL"))?;
+                let tk = shared_tokenizer(&path)?;
+                let ids = tk.encode_ids(&strings)?;
+                let mut offsets = Vec::with_capacity(ids.len() + 1);
+                offsets.push(0i32);
+                let mut values: Vec<i32> = Vec::with_capacity(ids.iter().map(Vec::len).sum());
+                for row in &ids {
+                    for &t in row {
+                        values.push(i32::try_from(t).map_err(|_| Error::invalid("text_tokenize", format!("token id {t} does not fit int32")))?);
+                    }
+                    let end = i32::try_from(values.len()).map_err(|_| Error::invalid("text_tokenize", "more than 2^31 tokens in one batch"))?;
+                    offsets.push(end);
+                }
+                let list = arrow_array::ListArray::try_new(
+                    token_field(),
+                    arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+                    Arc::new(arrow_array::Int32Array::from(values)),
+                    strings.as_arrow().nulls().cloned(),
+                )?;
+                Ok(Arc::new(list))
             }
         }
     }
