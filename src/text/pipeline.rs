@@ -235,39 +235,6 @@ fn run_stages(stages: &[Stage], text: &str, a: &mut String, b: &mut String) -> R
     Ok((rewritten && a.as_str() != text, true))
 }
 
-/// One row through every stage (see [`TextPipeline::run`]): dedup stages record the row's key
-/// in `keys` and pass it on. Returns (rewritten, reached) like `Part`.
-fn row_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], text: &str, a: &mut String, b: &mut String, keys: &mut [Vec<u64>]) -> (bool, u16) {
-    let mut rewritten = false;
-    let mut d = 0;
-    for (j, stage) in stages.iter().enumerate() {
-        let src: &str = if rewritten { a.as_str() } else { text };
-        let changed = match stage {
-            Stage::Quality(q) => {
-                if !q.keep(src) {
-                    return (rewritten && a.as_str() != text, j as u16);
-                }
-                false
-            }
-            Stage::Clean(c) => c.clean_into(src, b),
-            Stage::Pii(p) => p.mask_into(src, b),
-            Stage::Dedup(_) | Stage::NearDedup(_) => {
-                match &key_fns[d].1 {
-                    KeyFn::Hash => keys[d].push(crate::text::tensor::xxh3(src.as_bytes(), 0)),
-                    KeyFn::Signature(signer, _) => keys[d].extend(signer.signature(src)),
-                }
-                d += 1;
-                false
-            }
-        };
-        if changed {
-            std::mem::swap(a, b);
-            rewritten = true;
-        }
-    }
-    (rewritten && a.as_str() != text, stages.len() as u16)
-}
-
 /// The parallel pass of [`TextPipeline::run`]: every row's text after the stages, where each
 /// row stopped (`Part::reached`) and the keys of the dedup stages, all in row order.
 fn run_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], input: &StringTensor) -> Result<(StringTensor, Vec<u16>, Vec<Vec<u64>>)> {
@@ -278,25 +245,86 @@ fn run_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], input: &StringTensor) 
     let tasks = n.div_ceil(per);
     let work = |t: usize| -> Part {
         let (lo, hi) = (t * per, ((t + 1) * per).min(n));
+        let m = hi - lo;
         // Rewrites rarely grow a text: room for the task's input bytes avoids regrowing.
         let room: usize = arr.views()[lo..hi].iter().map(|v| *v as u32 as usize).sum();
         let mut part = Part {
-            views: Vec::with_capacity(hi - lo),
-            rewritten: Vec::with_capacity(hi - lo),
+            views: vec![0; m],
+            rewritten: vec![false; m],
             buffers: vec![Vec::with_capacity(room)],
-            reached: Vec::with_capacity(hi - lo),
-            keys: key_fns.iter().map(|(_, f)| Vec::with_capacity((hi - lo) * f.width())).collect(),
+            reached: (lo..hi).map(|i| if arr.is_null(i) { NOT_RUN } else { stages.len() as u16 }).collect(),
+            // Rows that do not reach a dedup stage keep zeros there (never looked at).
+            keys: key_fns.iter().map(|(_, f)| vec![0u64; m * f.width()]).collect(),
         };
-        let (mut a, mut b) = (String::new(), String::new());
-        for i in lo..hi {
-            let (rewritten, reached) = if arr.is_null(i) { (false, NOT_RUN) } else { row_pass(stages, key_fns, arr.value(i), &mut a, &mut b, &mut part.keys) };
-            // Rows that did not reach a dedup stage hold zeros there (never looked at).
-            for (keys, (_, f)) in part.keys.iter_mut().zip(key_fns) {
-                keys.resize((i - lo + 1) * f.width(), 0);
+        // Stage-major within the task: each stage runs over the task's live rows before the
+        // next one starts (its regex and lookup caches stay warm); a row's current text is the
+        // input (`None`) or a range of the arena, and rewrites go to the other arena.
+        let mut live: Vec<usize> = (0..m).filter(|&r| part.reached[r] != NOT_RUN).collect();
+        let mut at: Vec<Option<(usize, usize)>> = vec![None; m];
+        let (mut cur, mut next, mut scratch) = (String::new(), String::new(), String::new());
+        let mut d = 0;
+        for (j, stage) in stages.iter().enumerate() {
+            next.clear();
+            let mut still = Vec::with_capacity(live.len());
+            for &r in &live {
+                let src: &str = match at[r] {
+                    None => arr.value(lo + r),
+                    Some((o, l)) => &cur[o..o + l],
+                };
+                let changed = match stage {
+                    Stage::Quality(q) => {
+                        if !q.keep(src) {
+                            // Dropped here: its text is final now.
+                            part.reached[r] = j as u16;
+                            if at[r].is_some() && src != arr.value(lo + r) {
+                                part.views[r] = push_view(&mut part.buffers, src);
+                                part.rewritten[r] = true;
+                            } else {
+                                part.views[r] = arr.views()[lo + r];
+                            }
+                            continue;
+                        }
+                        false
+                    }
+                    Stage::Clean(c) => c.clean_into(src, &mut scratch),
+                    Stage::Pii(p) => p.mask_into(src, &mut scratch),
+                    Stage::Dedup(_) | Stage::NearDedup(_) => {
+                        let (_, f) = &key_fns[d];
+                        let w = f.width();
+                        let out = &mut part.keys[d][r * w..(r + 1) * w];
+                        match f {
+                            KeyFn::Hash => out[0] = crate::text::tensor::xxh3(src.as_bytes(), 0),
+                            KeyFn::Signature(signer, _) => out.copy_from_slice(&signer.signature(src)),
+                        }
+                        false
+                    }
+                };
+                let text: &str = if changed { scratch.as_str() } else { src };
+                if changed || at[r].is_some() {
+                    at[r] = Some((next.len(), text.len()));
+                    next.push_str(text);
+                }
+                still.push(r);
             }
-            part.reached.push(reached);
-            part.views.push(if rewritten { push_view(&mut part.buffers, &a) } else { arr.views()[i] });
-            part.rewritten.push(rewritten);
+            if matches!(stage, Stage::Dedup(_) | Stage::NearDedup(_)) {
+                d += 1;
+            }
+            live = still;
+            std::mem::swap(&mut cur, &mut next);
+        }
+        for r in live {
+            match at[r] {
+                Some((o, l)) if &cur[o..o + l] != arr.value(lo + r) => {
+                    part.views[r] = push_view(&mut part.buffers, &cur[o..o + l]);
+                    part.rewritten[r] = true;
+                }
+                _ => part.views[r] = arr.views()[lo + r],
+            }
+        }
+        for r in 0..m {
+            if part.reached[r] == NOT_RUN {
+                part.views[r] = arr.views()[lo + r];
+            }
         }
         part
     };
