@@ -32,7 +32,7 @@ if ARGS.threads:
 
 import pyarrow as pa  # noqa: E402
 
-from zrecord.text import ExactDedup, PIIMasker, QualityFilter, ResumablePipeline, StringTensor, TextCleaner, TextPipeline  # noqa: E402
+from zrecord.text import ExactDedup, NearDedup, PIIMasker, QualityFilter, ResumablePipeline, StringTensor, TextCleaner, TextPipeline  # noqa: E402
 
 try:
     import luminamoon.data as lm
@@ -113,6 +113,8 @@ def timeit(fn, seconds):
 def main():
     rng = random.Random(0)
     rows = []
+    global _minhash
+    _minhash = NearDedup(0.8)
     fused_rows = []
     for name, data in [("short", short_corpus(ARGS.rows, rng)), ("long", long_corpus(max(ARGS.rows // 10, 1000), rng))]:
         n = len(data)
@@ -130,6 +132,8 @@ def main():
             "clean (trim + newlines)": (lambda: TextCleaner(strip_control=False, nfc=False)(zt), (lambda: LmCleaner().clean_batch(data)) if lm else None),
             "clean (all rules)": (lambda: TextCleaner()(zt), None),
             "quality": (lambda: QualityFilter("none", min_words=50, max_symbol_word_ratio=0.1, min_entropy=3.0)(zt), None),
+            # MinHash signatures (128 permutations, 5-char shingles); luminamoon has none.
+            "minhash signatures": (lambda: _minhash.signatures(zt), None),
             "pii": (lambda: PIIMasker()(zt), (lambda: LmMasker(mask_phones=True).mask_batch(data)) if lm else None),
             "fused clean+quality": (
                 lambda: TextPipeline([TextCleaner(), QualityFilter("none", min_words=50, max_symbol_word_ratio=0.1, min_entropy=3.0)])(zt),

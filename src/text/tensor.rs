@@ -277,11 +277,11 @@ impl StringTensor {
 
     fn prefix_bits(&self, prefix: &str) -> BooleanBuffer {
         let p = prefix.as_bytes();
-        let plen = p.len() as u64;
-        let mask = (1u64 << (8 * p.len().min(4))) - 1;
-        let head = (view_prefix(p) >> 32) & mask;
+        let plen = u32::try_from(p.len()).unwrap_or(u32::MAX);
+        let mask = ((1u64 << (8 * p.len().min(4))) - 1) as u32;
+        let head = (view_prefix(p) >> 32) as u32 & mask;
+        let mut words = view_words(self.array.views(), |len, prefix| (len >= plen) & ((prefix & mask) == head));
         let views: &[u128] = self.array.views();
-        let mut words = view_words(views, |v| ((v as u32 as u64) >= plen) & ((((v >> 32) as u64) & mask) == head));
         if p.len() > 4 {
             let buffers = self.array.data_buffers();
             for_each_set(&mut words, |i| view_bytes(&views[i], buffers).starts_with(p));
@@ -361,12 +361,16 @@ impl StringTensor {
         let views: &[u128] = self.array.views();
         let (lo, hi) = (min.min(u32::MAX as usize + 1) as u64, max.min(u32::MAX as usize) as u64);
         let words = match unit {
-            LengthUnit::Bytes => byte_length_words(self.array.views(), lo, hi),
+            LengthUnit::Bytes if lo > hi || lo > u32::MAX as u64 => vec![0u64; views.len().div_ceil(64)],
+            LengthUnit::Bytes => {
+                // One unsigned compare per row: len - lo wraps past the span when len < lo.
+                let (lo, span) = (lo as u32, hi as u32 - lo as u32);
+                view_words(self.array.views(), |len, _| len.wrapping_sub(lo) <= span)
+            }
             LengthUnit::Chars => {
                 // A string of b bytes has between ceil(b / 4) and b chars: the bytes decide
                 // for most rows; the rest (and non-ASCII ones) count their chars.
-                let maybe = |v: u128| ((v as u32 as u64) >= lo) & ((v as u32 as u64).div_ceil(4) <= hi);
-                let mut words = view_words(views, maybe);
+                let mut words = view_words(self.array.views(), |len, _| (len as u64 >= lo) & ((len as u64).div_ceil(4) <= hi));
                 let buffers = self.array.data_buffers();
                 for_each_set(&mut words, |i| {
                     let s = view_bytes(&views[i], buffers);
@@ -374,7 +378,7 @@ impl StringTensor {
                     if (lo..=hi).contains(&b) && (lo..=hi).contains(&b.div_ceil(4)) {
                         return true;
                     }
-                    let chars = if s.is_ascii() { b } else { s.iter().filter(|&&c| (c as i8) >= -0x40).count() as u64 };
+                    let chars = if s.is_ascii() { b } else { count_chars(s) as u64 };
                     (lo..=hi).contains(&chars)
                 });
                 words
@@ -507,9 +511,7 @@ fn view_prefix(p: &[u8]) -> u64 {
 }
 
 fn char_count(a: &StringViewArray, i: usize) -> u32 {
-    let s = view_bytes(&a.views()[i], a.data_buffers());
-    // A char starts at every byte that is not a continuation byte (0b10xx_xxxx).
-    s.iter().filter(|&&b| (b as i8) >= -0x40).count() as u32
+    count_chars(view_bytes(&a.views()[i], a.data_buffers())) as u32
 }
 
 /// A row's bytes from its view: inline in the view (up to 12 bytes) or in a data buffer.
@@ -526,51 +528,21 @@ pub(crate) fn view_bytes<'a>(view: &'a u128, buffers: &'a [Buffer]) -> &'a [u8] 
     &buffers[buf][off..off + len]
 }
 
-/// Bitmap words of `views` where the branch-free predicate `f` holds (nulls not considered),
-/// one pass; split over the pool only when large enough to pay for waking it.
-fn view_words(views: &[u128], f: impl Fn(u128) -> bool + Sync) -> Vec<u64> {
-    const PARALLEL_ROWS: usize = 1 << 16;
-    let mut words = vec![0u64; views.len().div_ceil(64)];
-    let fill = |(ws, vs): (&mut [u64], &[u128])| {
-        // Predicates into 64 flag bytes (vectorisable), then 8 flags at a time into bits: the
-        // multiply gathers byte k's low bit into bit 56 + k.
-        let mut flags = [0u8; 64];
-        for (w, chunk) in ws.iter_mut().zip(vs.chunks(64)) {
-            for (fl, v) in flags.iter_mut().zip(chunk) {
-                *fl = f(*v) as u8;
-            }
-            flags[chunk.len()..].fill(0);
-            let mut bits = 0u64;
-            for (k, eight) in flags.chunks_exact(8).enumerate() {
-                let x = u64::from_le_bytes([eight[0], eight[1], eight[2], eight[3], eight[4], eight[5], eight[6], eight[7]]);
-                bits |= (x.wrapping_mul(0x0102_0408_1020_4080) >> 56) << (8 * k);
-            }
-            *w = bits;
-        }
-    };
-    if views.len() >= PARALLEL_ROWS {
-        words.par_chunks_mut(ROWS_PER_TASK / 64).zip(views.par_chunks(ROWS_PER_TASK)).for_each(fill);
-    } else {
-        fill((&mut words, views));
-    }
-    words
-}
-
-/// Bitmap words of rows whose byte length lies in `lo..=hi`: the views' first 32-bit words
-/// read with a stride of four (one compare per row, vectorised), packed like [`view_words`].
-fn byte_length_words(views: &ScalarBuffer<u128>, lo: u64, hi: u64) -> Vec<u64> {
+/// Bitmap words of the rows whose view satisfies the branch-free predicate `f` (nulls not
+/// considered), in one pass; `f` sees a view's first two 32-bit words (length, 4-byte prefix),
+/// read with a stride of four words so the loop vectorises. Split over the pool only when large
+/// enough to pay for waking it.
+fn view_words(views: &ScalarBuffer<u128>, f: impl Fn(u32, u32) -> bool + Sync) -> Vec<u64> {
     const PARALLEL_ROWS: usize = 1 << 16;
     let words32: &[u32] = views.inner().typed_data::<u32>();
     let mut words = vec![0u64; views.len().div_ceil(64)];
-    if lo > hi || lo > u32::MAX as u64 {
-        return words;
-    }
-    let (lo, span) = (lo as u32, (hi.min(u32::MAX as u64) as u32) - lo as u32);
     let fill = |(ws, ls): (&mut [u64], &[u32])| {
+        // Predicates into 64 flag bytes, then 8 flags at a time into bits: the multiply
+        // gathers byte k's low bit into bit 56 + k.
         let mut flags = [0u8; 64];
         for (w, chunk) in ws.iter_mut().zip(ls.chunks(256)) {
             for (fl, view) in flags.iter_mut().zip(chunk.chunks_exact(4)) {
-                *fl = (view[0].wrapping_sub(lo) <= span) as u8;
+                *fl = f(view[0], view[1]) as u8;
             }
             flags[chunk.len() / 4..].fill(0);
             let mut bits = 0u64;
@@ -587,6 +559,11 @@ fn byte_length_words(views: &ScalarBuffer<u128>, lo: u64, hi: u64) -> Vec<u64> {
         fill((&mut words, words32));
     }
     words
+}
+
+/// Chars in UTF-8 `s`: every byte that is not a continuation byte (0b10xx_xxxx) starts one.
+fn count_chars(s: &[u8]) -> usize {
+    s.iter().filter(|&&b| (b as i8) >= -0x40).count()
 }
 
 /// Clear each set bit of `words` whose row fails `keep`.
