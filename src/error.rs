@@ -209,6 +209,19 @@ pub enum Error {
         /// The store client's message.
         message: String,
     },
+    /// A rank of a distributed store did not serve a variable: it exited, refused the
+    /// connection, answered wrongly, or did not answer within the timeout.
+    #[error("rank {rank} did not serve '{variable}'{}: {message}", if *timed_out { " in time" } else { "" })]
+    Peer {
+        /// The rank.
+        rank: usize,
+        /// The variable.
+        variable: String,
+        /// What happened.
+        message: String,
+        /// True when the timeout ran out.
+        timed_out: bool,
+    },
     /// One error reported to several callers (a pipeline's sticky failure).
     #[error("{0}")]
     Shared(std::sync::Arc<Error>),

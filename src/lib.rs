@@ -19,6 +19,7 @@ compile_error!("zrecord supports little-endian targets only");
 
 pub mod arrow;
 pub mod convert;
+pub mod dist;
 pub mod dtype;
 pub mod loader;
 pub mod error;

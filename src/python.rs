@@ -3,6 +3,7 @@
 
 mod convert;
 mod dataset;
+mod dist;
 mod errors;
 mod input;
 mod loader;
@@ -73,6 +74,9 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<text::PyNearDedup>()?;
     m.add_class::<text::PyTokenizer>()?;
     m.add_function(wrap_pyfunction!(text::_quality_stats, m)?)?;
+    m.add_class::<dist::PyDistNode>()?;
+    m.add_class::<dist::PyDistReader>()?;
+    m.add_class::<dist::PyFileComm>()?;
     m.add_class::<zarr::PyZarrPipeline>()?;
     m.add_class::<zarr::PyZarrReader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;

@@ -1,0 +1,229 @@
+//! Distributed store: ranks as nodes in one process (each with its own Flight server on
+//! loopback), values that encode their global id, both transports, ragged store shards,
+//! dead and hung peers. The multi-process and cross-namespace runs are in
+//! tests/python/test_dist.py.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zrecord::dist::{DistNode, DistOptions, DistReader, ReaderSpec, ShardMeta, Transport};
+use zrecord::prelude::*;
+use zrecord::store::Store;
+
+fn opts(transport: Transport) -> DistOptions {
+    DistOptions { transport, host: Some("127.0.0.1".into()), timeout_s: 10.0, ..DistOptions::default() }
+}
+
+/// `size` nodes connected to each other.
+fn group(size: usize, o: &DistOptions) -> Vec<DistNode> {
+    let nodes: Vec<DistNode> = (0..size).map(|r| DistNode::start(r, size, o.clone()).unwrap()).collect();
+    let eps: Vec<_> = nodes.iter().map(|n| n.endpoint().clone()).collect();
+    for n in &nodes {
+        n.connect(eps.clone()).unwrap();
+    }
+    nodes
+}
+
+/// Rank r holds `r + 2` rows of 3 int64 values; row with global id g holds [g*10, g*10+1, g*10+2].
+fn add_dense(nodes: &[DistNode], name: &str) -> u64 {
+    let mut metas: Vec<ShardMeta> = Vec::new();
+    let mut start = 0u64;
+    for (r, n) in nodes.iter().enumerate() {
+        let rows = r as u64 + 2;
+        let vals: Vec<i64> = (start..start + rows).flat_map(|g| (0..3).map(move |c| g as i64 * 10 + c)).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        metas.push(n.add_rows(name, rows, DType::Int64, vec![3]).unwrap());
+        n.update(name, 0, &bytes).unwrap();
+        start += rows;
+    }
+    for n in nodes {
+        n.define(name, metas.clone()).unwrap();
+    }
+    start
+}
+
+fn want_dense(ids: &[u64]) -> Vec<i64> {
+    ids.iter().flat_map(|&g| (0..3).map(move |c| g as i64 * 10 + c)).collect()
+}
+
+fn gather(reader: &DistReader, name: &str, ids: &[u64]) -> Result<Batch> {
+    reader.source(name)?.gather(Ids::List(ids), &Allocator::default(), &ReadOptions::default())
+}
+
+#[test]
+fn dense_rows_by_global_id_over_both_transports() {
+    for t in [Transport::Flight, Transport::Auto] {
+        let nodes = group(3, &opts(t));
+        let total = add_dense(&nodes, "x");
+        assert_eq!(total, 2 + 3 + 4);
+        // Any order, repeats, every owner, from every rank.
+        let ids = [8u64, 0, 4, 4, 1, 2, 7, 0, 5, 8];
+        for n in &nodes {
+            let b = gather(n.reader(), "x", &ids).unwrap();
+            let t = b.as_dense().unwrap();
+            assert_eq!(t.shape(), &[ids.len(), 3]);
+            assert_eq!(t.as_slice::<i64>().unwrap(), &want_dense(&ids)[..]);
+        }
+        // Empty batch, and one row.
+        assert_eq!(gather(nodes[0].reader(), "x", &[]).unwrap().len(), 0);
+        assert_eq!(gather(nodes[2].reader(), "x", &[3]).unwrap().as_dense().unwrap().as_slice::<i64>().unwrap(), &[30, 31, 32]);
+        let p = nodes[0].reader().profile("x").unwrap();
+        assert_eq!(p.calls, 2);
+        assert_eq!(p.rows, ids.len() as u64);
+        if t == Transport::Flight {
+            // Rank 0 asked ranks 1 and 2 once each (one request per owner) for the batch.
+            assert_eq!(p.requests, 2, "{p:?}");
+        } else {
+            assert_eq!(p.requests, 0, "{p:?}");
+        }
+    }
+}
+
+#[test]
+fn big_batches_split_into_requests_within_the_size_limit() {
+    let o = DistOptions { max_request_bytes: 5 * 24, ..opts(Transport::Flight) };
+    let nodes = group(2, &o);
+    add_dense(&nodes, "x");
+    let ids: Vec<u64> = (0..200).map(|k| [2u64, 3, 4][k % 3]).collect();
+    let b = gather(nodes[0].reader(), "x", &ids).unwrap();
+    assert_eq!(b.as_dense().unwrap().as_slice::<i64>().unwrap(), &want_dense(&ids)[..]);
+    assert_eq!(nodes[0].reader().profile("x").unwrap().requests, 40);
+}
+
+#[test]
+fn updates_are_seen_by_every_reader() {
+    for t in [Transport::Flight, Transport::Auto] {
+        let nodes = group(2, &opts(t));
+        add_dense(&nodes, "x");
+        nodes[1].update("x", 1, &[0xffu8; 24]).unwrap();
+        let b = gather(nodes[0].reader(), "x", &[3, 2]).unwrap();
+        assert_eq!(b.as_dense().unwrap().as_slice::<i64>().unwrap(), &[-1, -1, -1, 20, 21, 22]);
+        // A reader never writes another rank's shard.
+        assert!(matches!(nodes[0].update("y", 0, &[0; 24]), Err(Error::InvalidArgument { .. })));
+    }
+}
+
+/// Rank r's ragged store: `r + 3` records, record g (global) of length g % 4 + 1 filled with g.
+fn ragged_stores(dir: &std::path::Path, size: usize) -> Vec<Store> {
+    let mut g = 0i32;
+    (0..size)
+        .map(|r| {
+            let p = dir.join(format!("rank{r}"));
+            let mut w = RaggedWriter::create(&p, DType::Int32, 1, WriterOptions::with_codec(Codec::Zstd)).unwrap();
+            let recs: Vec<(Vec<i32>, [usize; 1])> = (0..r + 3)
+                .map(|_| {
+                    let n = (g % 4 + 1) as usize;
+                    g += 1;
+                    (vec![g - 1; n], [n])
+                })
+                .collect();
+            let packed = PackedRagged::from_records(1, recs.iter().map(|(v, s)| (&v[..], &s[..]))).unwrap();
+            w.append(&packed.as_input()).unwrap();
+            w.finish().unwrap();
+            Store::open(&p).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn ragged_store_shards_come_back_packed() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = ragged_stores(dir.path(), 3);
+    for t in [Transport::Flight, Transport::Auto] {
+        let nodes = group(3, &opts(t));
+        let metas: Vec<_> = nodes.iter().zip(&stores).map(|(n, s)| n.add_source("tok", s.source(), Some(s.path().to_string_lossy().into_owned())).unwrap()).collect();
+        for n in &nodes {
+            n.define("tok", metas.clone()).unwrap();
+        }
+        let ids = [11u64, 0, 5, 5, 3, 9, 1];
+        let b = gather(nodes[1].reader(), "tok", &ids).unwrap();
+        let rb = b.as_ragged().unwrap();
+        assert_eq!(rb.len(), ids.len());
+        for (k, &g) in ids.iter().enumerate() {
+            let rec = rb.record(k).unwrap();
+            assert_eq!(rec.as_slice::<i32>().unwrap(), &vec![g as i32; (g % 4 + 1) as usize][..], "row {k} (id {g}) over {t:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_ids_names_and_shapes_are_typed_errors() {
+    let nodes = group(2, &opts(Transport::Flight));
+    let total = add_dense(&nodes, "x");
+    assert!(matches!(gather(nodes[0].reader(), "x", &[0, total]), Err(Error::IndexOutOfRange { .. })));
+    assert_eq!(nodes[0].reader().profile("x").unwrap().requests, 0, "nothing is sent for a bad id");
+    assert!(matches!(nodes[0].reader().source("nope"), Err(Error::InvalidArgument { .. })));
+    // Shards that disagree on dtype or row shape cannot form a variable.
+    let a = nodes[0].add_rows("y", 2, DType::Int64, vec![3]).unwrap();
+    let b = nodes[1].add_rows("y", 2, DType::Float64, vec![3]).unwrap();
+    assert!(matches!(nodes[0].define("y", vec![a.clone(), b]), Err(Error::ShapeMismatch { .. })));
+    let c = nodes[1].add_rows("z", 2, DType::Int64, vec![4]).unwrap();
+    assert!(matches!(nodes[0].define("y", vec![a.clone(), c]), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(nodes[0].define("y", vec![a.clone()]), Err(Error::InvalidArgument { .. })));
+    // Names are unique per rank.
+    assert!(matches!(nodes[0].add_rows("y", 1, DType::Int64, vec![3]), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(nodes[0].add_rows("a/b", 1, DType::Int64, vec![3]), Err(Error::InvalidArgument { .. })));
+    // Absurd settings.
+    assert!(DistNode::start(2, 2, opts(Transport::Auto)).is_err());
+    assert!(DistNode::start(0, 1, DistOptions { timeout_s: -1.0, ..opts(Transport::Auto) }).is_err());
+    assert!(DistNode::start(0, 1, DistOptions { timeout_s: f64::NAN, ..opts(Transport::Auto) }).is_err());
+}
+
+#[test]
+fn a_stopped_rank_is_an_error_naming_it() {
+    let nodes = group(3, &opts(Transport::Flight));
+    add_dense(&nodes, "x");
+    nodes[2].free();
+    let t0 = Instant::now();
+    let e = gather(nodes[0].reader(), "x", &[0, 6]).unwrap_err();
+    assert!(matches!(e, Error::Peer { rank: 2, .. }), "{e}");
+    assert!(e.to_string().contains("'x'"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    // Rows of live ranks still come.
+    assert_eq!(gather(nodes[0].reader(), "x", &[2]).unwrap().len(), 1);
+}
+
+#[test]
+fn a_rank_that_never_answers_times_out() {
+    // Rank 1's endpoint points at a socket that accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let o = DistOptions { timeout_s: 0.5, ..opts(Transport::Flight) };
+    let n0 = DistNode::start(0, 2, o).unwrap();
+    let mut ep1 = n0.endpoint().clone();
+    ep1.rank = 1;
+    ep1.addr = addr.to_string();
+    ep1.host = "elsewhere".into();
+    n0.connect(vec![n0.endpoint().clone(), ep1]).unwrap();
+    let m0 = n0.add_rows("x", 1, DType::UInt8, vec![1]).unwrap();
+    let m1 = ShardMeta { rank: 1, ..m0.clone() };
+    n0.define("x", vec![m0, m1]).unwrap();
+    let t0 = Instant::now();
+    let e = gather(n0.reader(), "x", &[1]).unwrap_err();
+    assert!(matches!(e, Error::Peer { rank: 1, timed_out: true, .. }), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    drop(silent);
+}
+
+#[test]
+fn independent_readers_and_extra_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = DistOptions { rendezvous: Some((dir.path().to_path_buf(), "g".into())), ..opts(Transport::Flight) };
+    let nodes = group(2, &o);
+    add_dense(&nodes, "x");
+    // A reader built from the spec (what fork_reader sends to a worker).
+    let spec: ReaderSpec = serde_json::from_str(&serde_json::to_string(&nodes[0].reader().spec().unwrap()).unwrap()).unwrap();
+    let r = DistReader::from_spec(&spec).unwrap();
+    assert_eq!(gather(&r, "x", &[4, 0]).unwrap().as_dense().unwrap().as_slice::<i64>().unwrap(), &want_dense(&[4, 0])[..]);
+    // An extra member finds the group and its variable through the rendezvous folder.
+    let extra = DistReader::join_group(dir.path(), "g", 2, opts(Transport::Auto)).unwrap();
+    extra.join("x").unwrap();
+    assert_eq!(extra.rows("x").unwrap(), (5, vec![2, 3]));
+    assert_eq!(gather(&extra, "x", &[1, 3]).unwrap().as_dense().unwrap().as_slice::<i64>().unwrap(), &want_dense(&[1, 3])[..]);
+    let e = DistReader::join_group(dir.path(), "none", 2, DistOptions { timeout_s: 0.2, ..opts(Transport::Auto) }).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    // The loader reads a distributed variable like any source.
+    let view = SourceView::new(nodes[1].reader().source("x").unwrap() as Arc<dyn RecordSource>, &Allocator::default());
+    let b = view.gather(&[4, 1]).unwrap();
+    assert_eq!(b.as_dense().unwrap().as_slice::<i64>().unwrap(), &want_dense(&[4, 1])[..]);
+}
