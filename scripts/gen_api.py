@@ -103,6 +103,9 @@ def render() -> str:
     import zrecord.zarr
 
     lines += _py_module(zrecord.zarr, "Zarr: crops and index queries")
+    import zrecord.dist
+
+    lines += _py_module(zrecord.dist, "Distributed store")
     try:
         import zrecord.torch
     except ImportError:

@@ -54,6 +54,8 @@ TPY="$TESTVENV/venv/bin/python"
 "$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[torch]" || echo "torch not installed: zrecord.torch tests will be skipped"
 "$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[grain]" || echo "grain not installed: its test will be skipped"
 "$TPY" -m pip install -q --disable-pip-version-check "$WHEEL[jax]" || echo "jax not installed: its tests will be skipped"
+# MPI for the distributed store's mpiexec tests: mpi4py and the mpich wheel (brings mpiexec).
+"$TPY" -m pip install -q --disable-pip-version-check mpi4py mpich || echo "mpi4py / mpich not installed: the mpiexec tests will be skipped"
 # The extras above must have brought these (pip only warns about an extra a wheel lacks).
 "$TPY" -c "import pytest, pyarrow, polars, ml_dtypes, tqdm, mkdocs, material, datasets, PIL, datafusion" \
   || { echo "the wheel's test/hf/sql extras did not install their packages"; exit 1; }

@@ -20,7 +20,7 @@
 
 pub mod comm;
 mod flight;
-mod node;
+pub(crate) mod node;
 mod shard;
 
 pub use comm::FileComm;

@@ -2,6 +2,7 @@
 //! loopback), values that encode their global id, both transports, ragged store shards,
 //! dead and hung peers. The multi-process and cross-namespace runs are in
 //! tests/python/test_dist.py.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,8 @@
 """Distributed store: per-row get vs get_batch of 256 random ids, 2 and 4 ranks, rows of 3 KB
 and 1 MB, ranks on one host (shared memory) and in separate network namespaces (Flight over a
 veth link), against mpi4py RMA (Win.Lock / Get / Unlock, the original's method 0) on the same
-data, and a local zrecord store gather of the same rows.
+data in the same layout (one host: MPICH's shared memory; namespaces: its TCP network module),
+and a local zrecord store gather of the same rows.
 
     python benches/python/dist.py                 # everything this machine allows
     python benches/python/dist.py --quick         # fewer rounds
@@ -75,7 +76,7 @@ def worker(args):
                 with zrecord.DenseWriter(str(p), "float32", (elems,), "raw") as w:
                     for r in range(args.size):
                         w.append(rank_rows(args.kind, r))
-            view = zrecord.DenseStore(str(p)).view()
+            view = zrecord.DenseStore(str(p)).bind(zrecord.Allocator())
 
             def local():
                 b = view.gather(ids[next(it) % len(ids)].astype(np.uint64))
@@ -168,7 +169,9 @@ def run_ranks(kind, size, layout, rounds, ns_names=None, local=False):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def run_rma(kind, size, rounds):
+def run_rma(kind, size, rounds, ns_names=None):
+    """mpi4py RMA on one host (MPICH's shared memory), or with ranks alternating between the
+    two namespaces (MPMD launch over TCP, as between hosts)."""
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     try:
         import mpi4py  # noqa: F401
@@ -176,7 +179,18 @@ def run_rma(kind, size, rounds):
         return None
     if mpiexec is None:
         return None
-    p = subprocess.run([mpiexec, "-n", str(size), sys.executable, __file__, "--rma-worker", "--kind", kind, "--rounds", str(rounds)], capture_output=True, text=True, timeout=900)
+    rank_cmd = [sys.executable, __file__, "--rma-worker", "--kind", kind, "--rounds", str(rounds)]
+    env = dict(os.environ)
+    if ns_names is None:
+        cmd = [mpiexec, "-n", str(size), *rank_cmd]
+    else:
+        # Keep MPICH off shared memory and CMA (same kernel): its OFI module over TCP, like
+        # ranks on separate hosts (UCX_TLS=tcp was slower here on 1 MB rows).
+        env.update(MPIR_CVAR_NOLOCAL="1", MPICH_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
+        cmd = [mpiexec]
+        for r in range(size):
+            cmd += [*([":"] if r else []), "-n", "1", "ip", "netns", "exec", ns_names[r % 2], *rank_cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:
         print("mpi4py RMA failed:", p.stderr[-1000:], file=sys.stderr)
         return None
@@ -214,17 +228,18 @@ def main():
         for kind in ROW_KINDS:
             for size in (2, 4):
                 rma = run_rma(kind, size, rounds)
+                rma_ns = run_rma(kind, size, rounds, ns_names) if can_ns else None
                 same = run_ranks(kind, size, "host", rounds, local=True)
                 cross = run_ranks(kind, size, "netns", rounds, ns_names) if can_ns else None
-                rows.append((kind, size, same, cross, rma))
-                print(kind, size, json.dumps({"same": same, "cross": cross, "rma": rma}), file=sys.stderr, flush=True)
+                rows.append((kind, size, same, cross, rma, rma_ns))
+                print(kind, size, json.dumps({"same": same, "cross": cross, "rma": rma, "rma_ns": rma_ns}), file=sys.stderr, flush=True)
     finally:
         if ns_names:
             netns_teardown(ns_names)
     print("| rows | ranks | layout | get_batch us/row | GB/s | per-row get us | mpi4py RMA batched us/row | RMA per-row us | batched vs RMA | vs local store gather |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for kind, size, same, cross, rma in rows:
-        for layout, r in (("same host", same), ("2 namespaces", cross)):
+    for kind, size, same, cross, rma_host, rma_ns in rows:
+        for layout, r, rma in (("same host", same, rma_host), ("2 namespaces", cross, rma_ns)):
             if r is None:
                 continue
             rma_b = f"{rma['batch_us_row']:.2f}" if rma else "n/a"

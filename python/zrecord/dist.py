@@ -26,6 +26,7 @@ Collectives: an ``mpi4py`` communicator (``allgather`` / ``Barrier``), or :class
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import pickle
@@ -102,6 +103,7 @@ class DistReader:
         self._size = size
         self._recv: dict[str, list] = {}
         self._views: dict[str, SourceView] = {}
+        self._bounds: dict[str, list[int]] = {}
 
     @property
     def rank(self) -> int | None:
@@ -177,11 +179,11 @@ class DistReader:
         arr = self._check_out(name, out, len(ids))
         if ids.size and ids.dtype.kind == "i" and ids.min() < 0:
             raise IndexError(f"id {int(ids.min())} is negative")
-        batch = self.view(name).gather(ids.astype(np.uint64, copy=False))
         if arr is None:
-            return batch
-        if len(ids):
-            src = np.from_dlpack(batch)
+            return self.view(name).gather(ids.astype(np.uint64, copy=False))
+        # Rows go straight into `out`; a producer that cannot lend it writable gets a copy.
+        if not self._reader.get_batch_into(name, ids, arr.reshape(-1).view(np.uint8)):
+            src = np.from_dlpack(self.view(name).gather(ids.astype(np.uint64, copy=False)))
             np.copyto(arr.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
         return out
 
@@ -189,12 +191,13 @@ class DistReader:
         """``len(out)`` consecutive rows from global row ``start`` into ``out``; the range must
         lie within one rank's shard (``ValueError`` naming the shards otherwise)."""
         n = _host_array(out).shape[0] if out is not None else 0
-        rows = self.shard_rows(name)
-        bounds = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-        total = int(bounds[-1])
+        bounds = self._bounds.get(name)
+        if bounds is None:
+            bounds = self._bounds[name] = [0, *itertools.accumulate(self.shard_rows(name))]
+        total = bounds[-1]
         if start < 0 or start + n > total:
             raise IndexError(f"rows {start}..{start + n} out of range for '{name}' of {total} rows")
-        r = int(np.searchsorted(bounds, start, side="right") - 1)
+        r = bisect.bisect_right(bounds, start) - 1
         if n and start + n > bounds[r + 1]:
             raise ValueError(f"rows {start}..{start + n} of '{name}' span ranks {r} and {r + 1} (rank {r} holds {int(bounds[r])}..{int(bounds[r + 1])}); get() reads within one shard, use get_batch()")
         return self.get_batch(name, out, np.arange(start, start + n, dtype=np.uint64))
@@ -228,6 +231,7 @@ class DistReader:
     def free(self) -> None:
         self._recv.clear()
         self._views.clear()
+        self._bounds.clear()
 
 
 class DistStore(DistReader):
@@ -328,6 +332,7 @@ class DistStore(DistReader):
             metas = [m for _, m in got]
         self._node.define(name, metas)
         self._views.pop(name, None)
+        self._bounds.pop(name, None)
 
     def add(self, name: str, arr) -> None:
         """Register this rank's shard of ``name`` (collective): a C-contiguous array or

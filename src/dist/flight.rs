@@ -27,11 +27,26 @@ use crate::store::{Batch, Ids, ReadOptions, RecordSource};
 
 /// Largest gRPC message either side accepts (a single record may be this large).
 pub(crate) const MAX_MESSAGE_BYTES: usize = 1 << 31;
+/// HTTP/2 flow-control windows: gRPC's 64 KiB default stalls a multi-megabyte answer on a
+/// window update per 64 KiB; batches of rows want the whole answer in flight.
+pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 64 << 20;
+/// HTTP/2 frames up to 1 MiB (the 16 KiB default cuts a row of 1 MB into 64 frames).
+pub(crate) const MAX_FRAME: u32 = 1 << 20;
+/// Gathers of shared-memory rows up to this size run on the reactor thread itself.
+const INLINE_BYTES: usize = 1 << 20;
 /// Flight messages are cut at about this many bytes of rows.
 const FLIGHT_DATA_BYTES: usize = 4 << 20;
 
+/// One shard this rank serves: a record source, and its shared-memory rows when it is one.
+#[derive(Clone)]
+pub(crate) struct Served {
+    pub(crate) source: Arc<dyn RecordSource>,
+    pub(crate) rows: Option<Arc<crate::dist::shard::SharedRows>>,
+}
+
 /// The shards this rank serves, by variable name.
-pub(crate) type Shards = Arc<RwLock<HashMap<String, Arc<dyn RecordSource>>>>;
+pub(crate) type Shards = Arc<RwLock<HashMap<String, Served>>>;
 
 /// `name` and `ids` as ticket bytes: name length (u32 LE), name, then the ids (u64 LE).
 pub(crate) fn encode_ticket(name: &str, ids: &[u64]) -> Vec<u8> {
@@ -59,7 +74,7 @@ pub(crate) fn batch_to_record_batch(batch: &Batch) -> Result<RecordBatch> {
     let n = batch.len();
     let (fields, columns): (Vec<Field>, Vec<ArrayRef>) = match batch {
         Batch::Dense(t) => {
-            let row = if n == 0 { 0 } else { t.nbytes() / n };
+            let row = t.nbytes().checked_div(n).unwrap_or(0);
             let a = FixedSizeBinaryArray::try_new(row as i32, tensor_buffer(t), None)?;
             (vec![Field::new("rows", DataType::FixedSizeBinary(row as i32), false)], vec![Arc::new(a)])
         }
@@ -165,17 +180,20 @@ impl FlightService for ShardService {
 
     async fn do_get(&self, request: Request<Ticket>) -> std::result::Result<Response<Self::DoGetStream>, Status> {
         let (name, ids) = decode_ticket(&request.get_ref().ticket).ok_or_else(|| Status::invalid_argument("malformed ticket"))?;
-        let source = self.shards.read().map_err(|_| Status::internal("shard table poisoned"))?.get(&name).cloned();
-        let source = source.ok_or_else(|| Status::not_found(format!("no variable '{name}' on this rank")))?;
+        let source = self.shards.read().map_err(|_| Status::internal("shard table poisoned"))?.get(&name).map(|s| {
+            // Shared-memory rows are plain copies: in place up to INLINE_BYTES.
+            let small = s.rows.as_ref().is_some_and(|r| ids.len().saturating_mul(r.row_bytes()) <= INLINE_BYTES);
+            (s.source.clone(), small)
+        });
+        let (source, small) = source.ok_or_else(|| Status::not_found(format!("no variable '{name}' on this rank")))?;
         let allocator = self.allocator.clone();
-        // Gathers are CPU work (copies, decoding): off the runtime's reactor threads.
-        let rb = tokio::task::spawn_blocking(move || {
+        let gather = move || {
             let b = source.gather(Ids::List(&ids), &allocator, &ReadOptions { verify_checksums: true, parallel: false })?;
             batch_to_record_batch(&b)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("gather task failed: {e}")))?
-        .map_err(status)?;
+        };
+        // Small gathers run in place (a hand-off to another thread costs more than the copy);
+        // large ones, and stores that may decode or wait for storage, off the reactor threads.
+        let rb = if small { gather() } else { tokio::task::spawn_blocking(gather).await.map_err(|e| Status::internal(format!("gather task failed: {e}")))? }.map_err(status)?;
         let stream = FlightDataEncoderBuilder::new()
             .with_max_flight_data_size(FLIGHT_DATA_BYTES)
             .build(futures::stream::once(async move { Ok(rb) }))
@@ -231,6 +249,10 @@ pub(crate) async fn serve(service: ShardService, listener: tokio::net::TcpListen
         Some((r, l))
     });
     let _ = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .max_frame_size(Some(MAX_FRAME))
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop.await;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
 use crate::dist::comm::{check_ns, write_atomic};
-use crate::dist::flight::{self, Received, ShardService, Shards};
+use crate::dist::flight::{self, Received, Served, ShardService, Shards};
 use crate::dist::shard::SharedRows;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -261,8 +261,11 @@ impl Liveness {
 
 /// How one rank's shard of a variable is read.
 enum Route {
-    /// In this process, or mapped from a process on this host (`owner` watched for exit).
+    /// In this process, or opened from a process on this host (`owner` watched for exit).
     Local { source: Arc<dyn RecordSource>, owner: Option<Arc<Liveness>> },
+    /// Rows in shared memory (this rank's, or mapped from a process on this host): copied
+    /// straight into the destination.
+    Shared { rows: Arc<SharedRows>, owner: Option<Arc<Liveness>> },
     /// Over Flight.
     Remote,
 }
@@ -455,8 +458,11 @@ impl DistReader {
         let inner = &self.inner;
         if Some(meta.rank) == inner.rank {
             if let Some(local) = &inner.local {
-                if let Some(source) = local.read().map_err(lock_err)?.get(name) {
-                    return Ok(Arc::new(Route::Local { source: source.clone(), owner: None }));
+                if let Some(served) = local.read().map_err(lock_err)?.get(name) {
+                    return Ok(Arc::new(match &served.rows {
+                        Some(rows) => Route::Shared { rows: rows.clone(), owner: None },
+                        None => Route::Local { source: served.source.clone(), owner: None },
+                    }));
                 }
             }
         }
@@ -470,20 +476,26 @@ impl DistReader {
             _ if !same_host => return Ok(Arc::new(Route::Remote)),
             _ => {}
         }
-        let opened: Result<Arc<dyn RecordSource>> = match (&meta.fd, &meta.store) {
+        let owner = Some(Arc::new(Liveness::new(ep.pid)));
+        let opened: Result<Route> = match (&meta.fd, &meta.store) {
             (Some(fd), _) => {
                 let shape = meta.item_shape.clone().unwrap_or_default();
-                SharedRows::open_peer(name, ep.pid, *fd, meta.rows, DType::from_name(&meta.dtype)?, shape).map(|s| Arc::new(s) as Arc<dyn RecordSource>)
+                SharedRows::open_peer(name, ep.pid, *fd, meta.rows, DType::from_name(&meta.dtype)?, shape).map(|rows| Route::Shared { rows: Arc::new(rows), owner })
             }
-            (None, Some(path)) => Store::open(path).map(|s| s.source()),
+            (None, Some(path)) => Store::open(path).and_then(|s| {
+                let source = s.source();
+                if source.len() != meta.rows {
+                    return Err(Error::ShapeMismatch { expected: format!("{} rows of rank {}", meta.rows, meta.rank), found: format!("{} rows in {path}", source.len()) });
+                }
+                Ok(Route::Local { source, owner })
+            }),
             (None, None) => Err(Error::invalid("shard", "served over Flight only".to_string())),
         };
         match opened {
-            Ok(source) if source.len() == meta.rows => Ok(Arc::new(Route::Local { source, owner: Some(Arc::new(Liveness::new(ep.pid))) })),
+            Ok(route) => Ok(Arc::new(route)),
             // Not reachable in place (permissions, a store view): Flight still is, unless only
             // shared memory was asked for.
-            Ok(_) | Err(_) if inner.options.transport == Transport::Auto => Ok(Arc::new(Route::Remote)),
-            Ok(s) => Err(Error::ShapeMismatch { expected: format!("{} rows of rank {}", meta.rows, meta.rank), found: format!("{} rows", s.len()) }),
+            Err(_) if inner.options.transport == Transport::Auto => Ok(Arc::new(Route::Remote)),
             Err(e) => Err(e),
         }
     }
@@ -568,7 +580,9 @@ impl DistReader {
             .map_err(|e| Error::invalid("address", format!("rank {rank}'s address '{addr}': {e}")))?
             .connect_timeout(timeout)
             .tcp_nodelay(true)
-            .http2_adaptive_window(true);
+            .initial_stream_window_size(Some(flight::STREAM_WINDOW))
+            .initial_connection_window_size(Some(flight::CONNECTION_WINDOW))
+            .max_frame_size(Some(flight::MAX_FRAME));
         // connect_lazy spawns its worker on the current runtime: enter ours.
         let _guard = self.inner.rt.handle()?.enter();
         let c = ep.connect_lazy();
@@ -675,7 +689,7 @@ impl DistSource {
     /// `max_request_bytes` for dense rows, 65536 ids for ragged ones).
     fn send(&self, rank: usize, group: &Group) -> Result<Vec<(std::ops::Range<usize>, Pending)>> {
         let rb = self.row_bytes();
-        let per = if rb > 0 { (self.reader.inner.options.max_request_bytes / rb).max(1) } else { 1 << 16 };
+        let per = self.reader.inner.options.max_request_bytes.checked_div(rb).map_or(1 << 16, |p| p.max(1));
         let channel = self.reader.channel(rank)?;
         let timeout = self.reader.inner.timeout;
         let rt = self.reader.inner.rt.handle()?;
@@ -721,7 +735,14 @@ impl DistSource {
         Ok(got)
     }
 
-    fn gather_once(&self, groups: &[Group], n: usize, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
+    /// Start the requests to remote owners, then read local and same-host shards with
+    /// `local`, then hand each remote answer to `remote`. Returns the rows handled.
+    fn run(
+        &self,
+        groups: &[Group],
+        mut local: impl FnMut(usize, &Route, &Group) -> Result<()>,
+        mut remote: impl FnMut(usize, std::ops::Range<usize>, Received) -> Result<()>,
+    ) -> Result<()> {
         let routes: Vec<Arc<Route>> = self.var.routes.read().map_err(lock_err)?.clone();
         // Remote requests first, so they are in flight while local shards are read.
         let mut pending = Vec::new();
@@ -731,88 +752,95 @@ impl DistSource {
             }
         }
         let t0 = Instant::now();
-        let mut local: Vec<(usize, Batch)> = Vec::new();
         for (r, g) in groups.iter().enumerate() {
-            if let (false, Route::Local { source, owner }) = (g.ids.is_empty(), &*routes[r]) {
-                if owner.as_ref().is_some_and(|o| o.exited()) {
-                    return Err(self.peer_error(r, "the rank's process exited".into(), false));
-                }
-                local.push((r, source.gather(Ids::List(&g.ids), allocator, options)?));
+            if g.ids.is_empty() {
+                continue;
             }
+            let owner = match &*routes[r] {
+                Route::Remote => continue,
+                Route::Local { owner, .. } | Route::Shared { owner, .. } => owner,
+            };
+            if owner.as_ref().is_some_and(|o| o.exited()) {
+                return Err(self.peer_error(r, "the rank's process exited".into(), false));
+            }
+            local(r, &routes[r], g)?;
         }
         let t1 = Instant::now();
         self.var.counters.local_ns.fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
-        let mut remote: Vec<(usize, std::ops::Range<usize>, Received)> = Vec::new();
         for (r, hs) in pending {
             for (range, h) in hs {
                 let rows = range.len();
-                remote.push((r, range, self.wait(r, h, rows)?));
+                let got = self.wait(r, h, rows)?;
+                remote(r, range, got)?;
             }
         }
         self.var.counters.wait_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        match &self.var.layout {
-            Layout::Dense { item_shape } => self.assemble_dense(groups, n, item_shape, &local, &remote, allocator),
-            Layout::Ragged { ndim } => self.assemble_ragged(groups, n, *ndim, &local, &remote, allocator),
-        }
+        Ok(())
     }
 
-    fn assemble_dense(
-        &self,
-        groups: &[Group],
-        n: usize,
-        item_shape: &[usize],
-        local: &[(usize, Batch)],
-        remote: &[(usize, std::ops::Range<usize>, Received)],
-        allocator: &Allocator,
-    ) -> Result<Batch> {
+    /// Dense rows `groups` straight into `out` (each position written once).
+    fn gather_dense(&self, groups: &[Group], out: &Out, options: &ReadOptions) -> Result<()> {
         let rb = self.row_bytes();
-        let mut alloc = allocator.allocate(n * rb)?;
-        let dst = alloc.as_uninit_mut();
-        let mut written = 0usize;
-        let mut put = |pos: &[usize], src: &[u8]| {
-            for (k, &p) in pos.iter().enumerate() {
-                let s = &src[k * rb..(k + 1) * rb];
-                for (d, b) in dst[p * rb..(p + 1) * rb].iter_mut().zip(s) {
-                    d.write(*b);
+        let written = AtomicU64::new(0);
+        self.run(
+            groups,
+            |_, route, g| {
+                match route {
+                    Route::Shared { rows, .. } => rows.copy_rows_to(&g.ids, &g.pos, out, options.parallel)?,
+                    Route::Local { source, .. } => {
+                        let b = source.gather(Ids::List(&g.ids), &Allocator::default(), options)?;
+                        let t = b.into_dense(&self.var.name)?;
+                        for (k, &p) in g.pos.iter().enumerate() {
+                            out.put(p, &t.as_bytes()[k * rb..(k + 1) * rb])?;
+                        }
+                    }
+                    Route::Remote => {}
                 }
-            }
-            written += pos.len();
-        };
-        for (r, b) in local {
-            let t = b.as_dense().ok_or_else(|| Error::WrongKind { path: self.var.name.clone().into(), expected: "dense", found: "ragged" })?;
-            put(&groups[*r].pos, t.as_bytes());
+                written.fetch_add(g.ids.len() as u64, Ordering::Relaxed);
+                Ok(())
+            },
+            |r, range, got| {
+                let Received::Dense(chunks) = got else { return Err(self.peer_error(r, "sent ragged rows".into(), false)) };
+                let mut at = range.start;
+                for c in &chunks {
+                    for row in c.as_slice().chunks_exact(rb.max(1)) {
+                        out.put(groups[r].pos[at], row)?;
+                        at += 1;
+                    }
+                }
+                written.fetch_add(range.len() as u64, Ordering::Relaxed);
+                Ok(())
+            },
+        )?;
+        let n: usize = groups.iter().map(|g| g.ids.len()).sum();
+        if written.load(Ordering::Relaxed) != n as u64 {
+            return Err(Error::invalid("gather", format!("{} of {n} rows of '{}' arrived", written.load(Ordering::Relaxed), self.var.name)));
         }
-        for (r, range, got) in remote {
-            let Received::Dense(chunks) = got else { continue };
-            let mut at = range.start;
-            for c in chunks {
-                let rows = c.len() / rb.max(1);
-                put(&groups[*r].pos[at..at + rows], c.as_slice());
-                at += rows;
-            }
-        }
-        if written != n && rb > 0 {
-            return Err(Error::invalid("gather", format!("{written} of {n} rows of '{}' arrived", self.var.name)));
-        }
-        let mut shape = vec![n];
-        shape.extend_from_slice(item_shape);
-        // SAFETY: every row position 0..n was written exactly once above (each position belongs
-        // to one group, each group's rows were all copied: checked by `written == n`).
-        Ok(Batch::Dense(unsafe { Tensor::from_initialized(Arc::new(alloc), 0, self.var.dtype, shape) }))
+        Ok(())
     }
 
-    fn assemble_ragged(
-        &self,
-        groups: &[Group],
-        n: usize,
-        ndim: usize,
-        local: &[(usize, Batch)],
-        remote: &[(usize, std::ops::Range<usize>, Received)],
-        allocator: &Allocator,
-    ) -> Result<Batch> {
+    /// Ragged records of `groups`, packed in the order of their positions.
+    fn gather_ragged(&self, groups: &[Group], n: usize, ndim: usize, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
+        let mut local: Vec<(usize, Batch)> = Vec::new();
+        let mut remote: Vec<(usize, std::ops::Range<usize>, Received)> = Vec::new();
+        self.run(
+            groups,
+            |r, route, g| {
+                let source: &Arc<dyn RecordSource> = match route {
+                    Route::Local { source, .. } => source,
+                    _ => return Err(Error::WrongKind { path: self.var.name.clone().into(), expected: "ragged", found: "dense" }),
+                };
+                local.push((r, source.gather(Ids::List(&g.ids), allocator, options)?));
+                Ok(())
+            },
+            |r, range, got| {
+                remote.push((r, range, got));
+                Ok(())
+            },
+        )?;
         let dtype = self.var.dtype;
         let mut slots: Vec<Option<TensorView<'_>>> = (0..n).map(|_| None).collect();
-        for (r, b) in local {
+        for (r, b) in &local {
             let rb = b.as_ragged().ok_or_else(|| Error::WrongKind { path: self.var.name.clone().into(), expected: "ragged", found: "dense" })?;
             let (cu, shapes, values) = (rb.cu_seqlens_slice(), rb.shapes_slice(), rb.values().as_bytes());
             for (k, &p) in groups[*r].pos.iter().enumerate() {
@@ -821,8 +849,8 @@ impl DistSource {
                 slots[p] = Some(TensorView::new(&values[a..z], dtype, shape));
             }
         }
-        for (r, range, got) in remote {
-            let Received::Ragged(parts) = got else { continue };
+        for (r, range, got) in &remote {
+            let Received::Ragged(parts) = got else { return Err(self.peer_error(*r, "sent dense rows".into(), false)) };
             let mut at = range.start;
             for (data, shape_col) in parts {
                 let shapes = flight::shape_values(shape_col).ok_or_else(|| self.peer_error(*r, "malformed shape column".into(), false))?;
@@ -838,6 +866,92 @@ impl DistSource {
         }
         let views: Vec<TensorView<'_>> = slots.into_iter().enumerate().map(|(k, s)| s.ok_or_else(|| Error::invalid("gather", format!("row {k} of '{}' never arrived", self.var.name)))).collect::<Result<_>>()?;
         Ok(Batch::Ragged(RaggedBatch::pack(allocator, dtype, ndim, views.iter())?))
+    }
+
+    /// Group `ids` by owning rank (validated against the length first).
+    fn groups(&self, ids: &Ids<'_>) -> Result<Vec<Group>> {
+        ids.validate(self.len(), Path::new(&self.var.name))?;
+        let mut groups: Vec<Group> = (0..self.var.metas.len()).map(|_| Group::default()).collect();
+        for k in 0..ids.len() {
+            let (r, local) = self.owner(ids.get(k));
+            groups[r].ids.push(local);
+            groups[r].pos.push(k);
+        }
+        let c = &self.var.counters;
+        c.calls.fetch_add(1, Ordering::Relaxed);
+        c.rows.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        Ok(groups)
+    }
+
+    /// Retry once after a peer failure if the rank restarted (a new endpoint published).
+    fn retrying<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        match f() {
+            Err(Error::Peer { rank, .. }) if self.reader.refresh(rank)? => f(),
+            other => other,
+        }
+    }
+
+    /// Dense rows `ids` straight into `len` bytes at `dst` (no intermediate batch).
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes for the duration of the call, and not
+    /// read or written by anyone else meanwhile.
+    pub unsafe fn gather_into(&self, ids: Ids<'_>, dst: *mut u8, len: usize, options: &ReadOptions) -> Result<()> {
+        let rb = self.row_bytes();
+        if !matches!(self.var.layout, Layout::Dense { .. }) {
+            return Err(Error::WrongKind { path: self.var.name.clone().into(), expected: "dense", found: "ragged" });
+        }
+        if ids.len().checked_mul(rb) != Some(len) {
+            return Err(Error::ShapeMismatch { expected: format!("{} bytes for {} rows of {rb} bytes", ids.len().saturating_mul(rb), ids.len()), found: format!("{len} bytes") });
+        }
+        let groups = self.groups(&ids)?;
+        if len == 0 {
+            // No bytes to move (no ids, or records of zero elements): nothing to ask anyone.
+            return Ok(());
+        }
+        let out = Out { ptr: dst, len, row: rb };
+        self.retrying(|| self.gather_dense(&groups, &out, options))?;
+        self.var.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Destination of a dense gather: `len` bytes at `ptr`, written one row at a time.
+pub(crate) struct Out {
+    ptr: *mut u8,
+    len: usize,
+    row: usize,
+}
+
+// SAFETY: an `Out` is only shared while rows are written to distinct positions (every id of a
+// gather has its own position), so no two threads write the same bytes.
+unsafe impl Send for Out {}
+// SAFETY: as above.
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Row `pos` of the destination, `row` bytes, bounds-checked.
+    pub(crate) fn row_ptr(&self, pos: usize) -> Result<*mut u8> {
+        match pos.checked_add(1).and_then(|e| e.checked_mul(self.row)) {
+            Some(end) if end <= self.len => Ok(self.ptr.wrapping_add(pos * self.row)),
+            _ => Err(Error::invalid("gather", format!("row {pos} lies outside the {}-byte destination", self.len))),
+        }
+    }
+
+    /// Bytes per row.
+    pub(crate) fn row(&self) -> usize {
+        self.row
+    }
+
+    fn put(&self, pos: usize, src: &[u8]) -> Result<()> {
+        if src.len() != self.row {
+            return Err(Error::invalid("gather", format!("a row of {} bytes, {} expected", src.len(), self.row)));
+        }
+        let dst = self.row_ptr(pos)?;
+        // SAFETY: `dst..dst + row` lies in the destination (checked); the source is a separate
+        // buffer (a received or gathered batch, never the destination).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, self.row) };
+        Ok(())
     }
 }
 
@@ -863,23 +977,25 @@ impl RecordSource for DistSource {
     }
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
-        ids.validate(self.len(), Path::new(&self.var.name))?;
         let n = ids.len();
-        let mut groups: Vec<Group> = (0..self.var.metas.len()).map(|_| Group::default()).collect();
-        for k in 0..n {
-            let (r, local) = self.owner(ids.get(k));
-            groups[r].ids.push(local);
-            groups[r].pos.push(k);
-        }
-        let c = &self.var.counters;
-        c.calls.fetch_add(1, Ordering::Relaxed);
-        c.rows.fetch_add(n as u64, Ordering::Relaxed);
-        let b = match self.gather_once(&groups, n, allocator, options) {
-            // A peer that restarted and published a new endpoint is tried once more.
-            Err(Error::Peer { rank, .. }) if self.reader.refresh(rank)? => self.gather_once(&groups, n, allocator, options)?,
-            other => other?,
+        let b = match &self.var.layout {
+            Layout::Dense { item_shape } => {
+                let bytes = n.checked_mul(self.row_bytes()).ok_or_else(|| Error::invalid("ids", format!("{n} rows overflow")))?;
+                let mut alloc = allocator.allocate(bytes)?;
+                let dst = alloc.as_uninit_mut().as_mut_ptr().cast::<u8>();
+                // SAFETY: `dst` is the fresh allocation's `bytes` writable bytes, ours alone.
+                unsafe { self.gather_into(ids, dst, bytes, options)? };
+                let mut shape = vec![n];
+                shape.extend_from_slice(item_shape);
+                // SAFETY: gather_into wrote every row (it fails unless all `n` rows arrived).
+                return Ok(Batch::Dense(unsafe { Tensor::from_initialized(Arc::new(alloc), 0, self.var.dtype, shape) }));
+            }
+            Layout::Ragged { ndim } => {
+                let groups = self.groups(&ids)?;
+                self.retrying(|| self.gather_ragged(&groups, n, *ndim, allocator, options))?
+            }
         };
-        c.bytes.fetch_add(b.nbytes() as u64, Ordering::Relaxed);
+        self.var.counters.bytes.fetch_add(b.nbytes() as u64, Ordering::Relaxed);
         Ok(b)
     }
 }
@@ -953,7 +1069,7 @@ impl DistNode {
         self.reader.set_endpoints(endpoints)
     }
 
-    fn register(&self, name: &str, source: Arc<dyn RecordSource>) -> Result<()> {
+    fn register(&self, name: &str, source: Arc<dyn RecordSource>, rows: Option<Arc<SharedRows>>) -> Result<()> {
         if name.is_empty() || name.contains(['/', '\0']) {
             return Err(Error::invalid("name", format!("'{name}' (non-empty, no '/')")));
         }
@@ -961,7 +1077,7 @@ impl DistNode {
         if shards.contains_key(name) {
             return Err(Error::invalid("name", format!("variable '{name}' is already registered on rank {}", self.rank)));
         }
-        shards.insert(name.to_string(), source);
+        shards.insert(name.to_string(), Served { source, rows });
         Ok(())
     }
 
@@ -976,7 +1092,7 @@ impl DistNode {
     /// [`DistNode::update`]. Returns its description for the other ranks.
     pub fn add_rows(&self, name: &str, rows: u64, dtype: DType, item_shape: Vec<usize>) -> Result<ShardMeta> {
         let s = Arc::new(SharedRows::create(name, rows, dtype, item_shape.clone())?);
-        self.register(name, s.clone())?;
+        self.register(name, s.clone(), Some(s.clone()))?;
         self.owned.lock().map_err(lock_err)?.insert(name.to_string(), s.clone());
         let meta = ShardMeta { rank: self.rank, rows, dtype: dtype.to_string(), item_shape: Some(item_shape), ndim: None, logical: Logical::Tensor.to_string(), fd: s.fd(), store: None };
         self.publish_shard(name, &meta)?;
@@ -1003,7 +1119,7 @@ impl DistNode {
             fd: None,
             store,
         };
-        self.register(name, source)?;
+        self.register(name, source, None)?;
         self.publish_shard(name, &meta)?;
         Ok(meta)
     }

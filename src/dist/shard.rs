@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::memory::{numel, Allocator, Tensor};
 use crate::store::{Batch, Ids, Layout, ReadOptions, RecordSource};
 
+/// Shared shards up to this size are mapped with every page present (MAP_POPULATE).
+const POPULATE_BYTES: usize = 16 << 30;
+
 /// Dense rows `[rows, *item_shape]` of one dtype in a shared mapping.
 pub struct SharedRows {
     name: String,
@@ -72,7 +75,14 @@ impl SharedRows {
         if len < bytes.max(1) as u64 {
             return Err(Error::corrupt(&path, format!("shared rows of '{name}' hold {len} bytes, {bytes} expected")));
         }
-        let map = MmapOptions::new().len(bytes.max(1)).map_raw_read_only(&file).map_err(|e| Error::io(&path, e))?;
+        // Map every page up front (the owner's pages are resident already): random rows then
+        // cost a copy, not a page fault each. Very large shards fault in as they are read.
+        let mut opts = MmapOptions::new();
+        opts.len(bytes.max(1));
+        if bytes <= POPULATE_BYTES {
+            opts.populate();
+        }
+        let map = opts.map_raw_read_only(&file).map_err(|e| Error::io(&path, e))?;
         Ok(SharedRows { name: name.to_string(), rows, dtype, item_shape, row_bytes, map, file: None, writable: false })
     }
 
@@ -111,10 +121,35 @@ impl SharedRows {
         Ok(())
     }
 
+    /// Rows `ids` into positions `pos` of `out` (split over the pool when large and allowed).
+    pub(crate) fn copy_rows_to(&self, ids: &[u64], pos: &[usize], out: &crate::dist::node::Out, parallel: bool) -> Result<()> {
+        use rayon::prelude::*;
+        if out.row() != self.row_bytes || ids.len() != pos.len() {
+            return Err(Error::invalid("gather", format!("rows of {} bytes into a destination of {}-byte rows", self.row_bytes, out.row())));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i >= self.rows) {
+            return Err(Error::IndexOutOfRange { index: bad as i128, len: self.rows, store: self.name.clone().into() });
+        }
+        let copy = |(is, ps): (&[u64], &[usize])| -> Result<()> {
+            for (&i, &p) in is.iter().zip(ps) {
+                self.copy_row(i, out.row_ptr(p)?);
+            }
+            Ok(())
+        };
+        const PARALLEL_BYTES: usize = 4 << 20;
+        if parallel && ids.len().saturating_mul(self.row_bytes) >= PARALLEL_BYTES && ids.len() > 1 {
+            let per = ids.len().div_ceil(rayon::current_num_threads() * 4).max(1);
+            ids.par_chunks(per).zip(pos.par_chunks(per)).try_for_each(copy)
+        } else {
+            copy((ids, pos))
+        }
+    }
+
     /// Copy row `id` into `dst` (`row_bytes` long). `id < rows` is the caller's check.
     fn copy_row(&self, id: u64, dst: *mut u8) {
         // SAFETY: `id < rows` (every gather validates ids first), so the row lies within the
-        // mapping; `dst` points at `row_bytes` writable bytes of a fresh allocation. The owner
+        // mapping; `dst` points at `row_bytes` writable bytes of the destination (a fresh
+        // allocation, or a row bounds-checked by `Out::row_ptr`). The owner
         // may be writing the same row (`update` outside an epoch): the bytes are then a mix of
         // old and new, as with the RMA windows of the original, never out of bounds.
         unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(id as usize * self.row_bytes), dst, self.row_bytes) };

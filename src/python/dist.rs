@@ -14,7 +14,7 @@ use crate::python::input::{dtype_arg, shape_arg, Imported};
 use crate::python::memory::PyAllocator;
 use crate::python::source::{source_view_of, PySourceView};
 use crate::python::store::{PyDenseStore, PyRaggedStore};
-use crate::store::{ReadOptions, SourceView};
+use crate::store::{ReadOptions, RecordSource, SourceView};
 
 fn json_err(what: &str, e: serde_json::Error) -> PyErr {
     PyValueError::new_err(format!("malformed {what}: {e}"))
@@ -179,6 +179,25 @@ impl PyDistReader {
         let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_default();
         let view = SourceView::new(source, &alloc).with_options(ReadOptions { verify_checksums, parallel: true });
         Ok(PySourceView::with_reduce(view, None))
+    }
+
+    /// Dense rows `ids` written straight into `out` (a writable C-contiguous DLPack tensor
+    /// holding exactly `len(ids)` rows of the variable's size; the caller checked its dtype).
+    /// False, with nothing written, when `out` does not say it is writable in place (a
+    /// read-only or copied export, or a producer without versioned DLPack).
+    fn get_batch_into(&self, py: Python<'_>, name: &str, ids: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let source = self.reader.source(name).py_err()?;
+        let ids = Imported::from_any(ids)?.index_ids(source.len())?;
+        let im = Imported::from_any(out)?;
+        let Some((ptr, len)) = im.writable_ptr() else { return Ok(false) };
+        let addr = ptr as usize;
+        // SAFETY: `im` keeps `out`'s memory alive until after the call (it is dropped at the end
+        // of this function, with the GIL held); the producer marked it writable and it is
+        // C-contiguous and `len` bytes long. Python code racing on the same array while the
+        // GIL is released sees torn rows, never memory outside the array.
+        py.detach(|| unsafe { source.gather_into(crate::store::Ids::List(&ids), addr as *mut u8, len, &ReadOptions::default()) }).py_err()?;
+        drop(im);
+        Ok(true)
     }
 
     /// `name`'s counters as a dict.

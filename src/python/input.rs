@@ -31,6 +31,9 @@ pub(crate) struct Imported<'py> {
     byte_strides: Option<Vec<isize>>,
     /// The producer's elements are in the other byte order (array interface `>` typestr).
     swapped: bool,
+    /// The producer allows writes: a versioned DLPack capsule without the read-only or
+    /// is-copied flag (the only kind that says so).
+    pub(crate) writable: bool,
     /// Keeps the producer alive: a capsule we must release, our tensor, or the object itself.
     owner: Owner<'py>,
 }
@@ -67,6 +70,12 @@ impl Drop for Imported<'_> {
 }
 
 impl<'py> Imported<'py> {
+    /// The bytes for writing: a C-contiguous tensor whose producer allows writes, else None.
+    /// Valid while `self` lives; the producer's other users may see the writes at any time.
+    pub(crate) fn writable_ptr(&self) -> Option<(*mut u8, usize)> {
+        (self.writable && (self.nbytes > 0 || self.shape.contains(&0))).then_some((self.bytes_ptr as *mut u8, self.nbytes))
+    }
+
     /// The bytes, valid while `self` lives.
     pub(crate) fn bytes(&self) -> &[u8] {
         if self.nbytes == 0 {
@@ -155,6 +164,7 @@ impl<'py> Imported<'py> {
                 shape: t.shape().to_vec(),
                 byte_strides: None,
                 swapped: false,
+                writable: false,
                 owner: Owner::Tensor(t),
             });
         }
@@ -216,12 +226,14 @@ impl<'py> Imported<'py> {
         // SAFETY: per the DLPack protocol the capsule holds a live managed tensor of the kind
         // its name says; we read the embedded DLTensor (appends only read, so the read-only
         // flag of a versioned tensor needs no check).
+        let mut writable = false;
         let dl: &DLTensor = unsafe {
             if versioned {
                 let m = &*(managed as *const DLManagedTensorVersioned);
                 if m.version.major != 1 {
                     return Err(PyBufferError::new_err(format!("unsupported DLPack major version {}", m.version.major)));
                 }
+                writable = m.flags & (crate::memory::dlpack::DLPACK_FLAG_BITMASK_READ_ONLY | crate::memory::dlpack::DLPACK_FLAG_BITMASK_IS_COPIED) == 0;
                 &m.dl_tensor
             } else {
                 &(*(managed as *const DLManagedTensor)).dl_tensor
@@ -234,7 +246,7 @@ impl<'py> Imported<'py> {
         let owner = Owner::Capsule { capsule, versioned, managed };
         if dl.device.device_type != 1 && dl.device.device_type != 3 {
             // Dropping an empty import releases the producer's tensor.
-            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], byte_strides: None, swapped: false, owner });
+            drop(Imported { bytes_ptr: std::ptr::null(), nbytes: 0, dtype: DType::UInt8, shape: vec![], byte_strides: None, swapped: false, writable: false, owner });
             return Err(PyValueError::new_err(format!("DLPack device type {} is not supported: use CPU memory", dl.device.device_type)));
         }
         let dtype = DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes).py_err()?;
@@ -262,7 +274,7 @@ impl<'py> Imported<'py> {
         if bytes_ptr.is_null() && nbytes > 0 {
             return Err(PyValueError::new_err("DLPack tensor has a null data pointer"));
         }
-        Ok(Imported { bytes_ptr, nbytes, dtype, shape, byte_strides, swapped: false, owner })
+        Ok(Imported { bytes_ptr, nbytes, dtype, shape, byte_strides, swapped: false, writable, owner })
     }
 
     fn from_array_interface(obj: &Bound<'py, PyAny>, allow_writable: bool) -> PyResult<Imported<'py>> {
@@ -310,7 +322,7 @@ impl<'py> Imported<'py> {
         };
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| PyValueError::new_err(format!("array shape {shape:?} overflows")))?;
         let nbytes = if contiguous { numel.checked_mul(dtype.size()).ok_or_else(|| PyValueError::new_err("array size overflows"))? } else { 0 };
-        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, byte_strides, swapped, owner: Owner::Object(obj.clone()) })
+        Ok(Imported { bytes_ptr: ptr as *const u8, nbytes, dtype, shape, byte_strides, swapped, writable: false, owner: Owner::Object(obj.clone()) })
     }
 }
 

@@ -24,6 +24,13 @@ from zrecord.dist import DistDataset, DistStore
 
 SCENARIO, DIR, RANK, SIZE, TRANSPORT = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 NS = sys.argv[6] if len(sys.argv) > 6 else "t"
+COMM = None
+if SCENARIO == "mpi":  # launched by mpiexec: rank and size come from the communicator
+    from mpi4py import MPI
+
+    COMM = MPI.COMM_WORLD
+    RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+    NS = f"{NS}-mpi"
 
 
 def rows_of(r: int) -> int:
@@ -163,14 +170,17 @@ def main() -> None:
             print(json.dumps(result), flush=True)
             return
         timeout = float(os.environ.get("DIST_TIMEOUT", "20"))
-        store = DistStore(None, transport=TRANSPORT, rendezvous=DIR, rank=RANK, size=SIZE, namespace=NS, timeout=timeout, rejoin=SCENARIO == "rejoin")
+        if COMM is not None:
+            store = DistStore(COMM, transport=TRANSPORT, namespace=NS, timeout=timeout)
+        else:
+            store = DistStore(None, transport=TRANSPORT, rendezvous=DIR, rank=RANK, size=SIZE, namespace=NS, timeout=timeout, rejoin=SCENARIO == "rejoin")
         if SCENARIO == "rejoin":
             lo, n = first_of(RANK), rows_of(RANK)
             store.add("feat", feat(range(lo, lo + n)))
             (DIR / f"ready.{RANK}").write_text("1")
             wait_for("stop", 120)
             result = {"ok": True}
-        elif SCENARIO == "basic":
+        elif SCENARIO in ("basic", "mpi"):
             setup(store)
             result = check_all(store)
             store.barrier()  # nobody leaves while others still read its shards
@@ -206,7 +216,9 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001
         result = {"error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
     finally:
-        print(json.dumps(result), flush=True)
+        line = json.dumps({"rank": RANK, **result})
+        print(line, flush=True)
+        (DIR / f"result.{NS}.{RANK}.json").write_text(line)
         if store is not None:
             store.free()
 

@@ -127,6 +127,31 @@ def test_stopped_rank_times_out(tmp_path):
     result(r1)
 
 
+def _mpiexec():
+    try:
+        import mpi4py  # noqa: F401
+        from mpi4py import MPI  # noqa: F401  (the MPI library loads)
+    except Exception:  # noqa: BLE001
+        return None
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_ranks_under_mpiexec(tmp_path, size):
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("mpi4py with an MPI library (pip install mpi4py mpich) is not installed")
+    p = subprocess.run([mpiexec, "-n", str(size), sys.executable, str(WORKER), "mpi", str(tmp_path), "0", str(size), "auto"], capture_output=True, text=True, timeout=300)
+    # Ranks share one stdout under mpiexec: each also writes its result to a file.
+    files = sorted(tmp_path.glob("result.t-mpi.*.json"))
+    assert p.returncode == 0 and len(files) == size, f"rc {p.returncode}\n{p.stdout}\n{p.stderr[-3000:]}"
+    lines = [json.loads(f.read_text()) for f in files]
+    for r in lines:
+        assert "error" not in r, r
+        assert r["n"] == sum(k + 3 for k in range(size))
+    assert sorted(r["rank"] for r in lines) == list(range(size))
+
+
 def _netns_available() -> bool:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return False
