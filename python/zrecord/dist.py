@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import os
 import pickle
 from pathlib import Path
@@ -181,6 +182,10 @@ class DistReader:
             raise IndexError(f"id {int(ids.min())} is negative")
         if arr is None:
             return self.view(name).gather(ids.astype(np.uint64, copy=False))
+        wins = getattr(self, "_wins", None)
+        if wins and name in wins:
+            self._mpi_get(name, arr, ids)
+            return out
         # Rows go straight into `out`; a producer that cannot lend it writable gets a copy.
         if not self._reader.get_batch_into(name, ids, arr.reshape(-1).view(np.uint8)):
             src = np.from_dlpack(self.view(name).gather(ids.astype(np.uint64, copy=False)))
@@ -243,7 +248,10 @@ class DistStore(DistReader):
         DistStore(None, rendezvous=dir, rank=r, size=n, rejoin=True)  # a restarted rank
 
     ``transport``: ``"auto"`` (shared memory on the same host, Arrow Flight across hosts),
-    ``"flight"`` (always Flight) or ``"shm"`` (same host only). ``namespace`` names this
+    ``"flight"`` (always Flight), ``"shm"`` (same host only) or ``"mpi"`` (with an mpi4py
+    communicator: ``get`` / ``get_batch`` of array variables read through MPI RMA windows,
+    ``Win.Lock`` per owner and one ``Get`` per row into ``out``; store-backed variables, views,
+    ``gather`` and forked readers use ``"auto"``). ``namespace`` names this
     store's files in ``rendezvous`` (default ``s0``, ``s1``, ... in creation order).
     ``host``: the address other hosts reach this rank at (default ``ZRECORD_DIST_HOST`` or
     this host's first non-loopback IPv4 address). ``timeout``: seconds to wait for a peer.
@@ -268,6 +276,12 @@ class DistStore(DistReader):
         self._node = None
         self._comm = None
         self._rejoin = rejoin
+        self._wins: dict[str, tuple] | None = None
+        if transport == "mpi":
+            if comm is None or not hasattr(comm, "Get_rank"):
+                raise ValueError("transport='mpi' needs an mpi4py communicator")
+            self._wins = {}
+            transport = "auto"
         if comm is None and rank is None:
             if self._dir is None or n_core is None:
                 raise ValueError("without a communicator, give rendezvous= and rank=/size= (a core rank) or n_core= (an extra member)")
@@ -333,6 +347,41 @@ class DistStore(DistReader):
         self._node.define(name, metas)
         self._views.pop(name, None)
         self._bounds.pop(name, None)
+        return metas
+
+    def _mpi_window(self, name: str, metas, rows):
+        """transport='mpi': an RMA window over this rank's rows of an array variable
+        (collective; only when every rank's shard is an array)."""
+        if self._wins is None or not all(json.loads(m)["fd"] is not None for m in metas):
+            return
+        from mpi4py import MPI
+
+        buf = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8).copy() if len(rows) else np.zeros((0, 1), np.uint8)
+        row = max(buf.shape[1], 1)
+        self._wins[name] = (MPI.Win.Create(buf, disp_unit=row, comm=self._comm), buf)
+
+    def _mpi_get(self, name: str, arr: np.ndarray, ids: np.ndarray) -> None:
+        from mpi4py import MPI
+
+        win, buf = self._wins[name]
+        bounds = self._bounds.get(name)
+        if bounds is None:
+            bounds = self._bounds[name] = [0, *itertools.accumulate(self.shard_rows(name))]
+        ids = ids.astype(np.int64, copy=False)
+        if ids.size and ids.max() >= bounds[-1]:
+            raise IndexError(f"id {int(ids.max())} out of range for '{name}' of {bounds[-1]} rows")
+        out = arr.reshape(len(ids), -1).view(np.uint8)
+        owners = np.searchsorted(np.asarray(bounds), ids, side="right") - 1
+        for t in np.unique(owners):
+            ks = np.nonzero(owners == t)[0]
+            local = ids[ks] - bounds[t]
+            if t == self._rank:
+                out[ks] = buf[local]
+                continue
+            win.Lock(int(t), MPI.LOCK_SHARED)
+            for k, i in zip(ks.tolist(), local.tolist()):
+                win.Get([out[k], MPI.BYTE], int(t), target=i)
+            win.Unlock(int(t))
 
     def add(self, name: str, arr) -> None:
         """Register this rank's shard of ``name`` (collective): a C-contiguous array or
@@ -340,6 +389,7 @@ class DistStore(DistReader):
         catalog), or a zrecord store / view
         served without loading it. Every rank's shard must have the same dtype and row shape."""
         self._require_core("add")
+        a = None
         try:
             if _is_source(arr):
                 meta = self._node.add_source(name, arr)
@@ -348,7 +398,9 @@ class DistStore(DistReader):
                 meta = self._node.add_array(name, a)
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
             meta = e
-        self._collective_define(name, meta)
+        metas = self._collective_define(name, meta)
+        if self._wins is not None:
+            self._mpi_window(name, metas, np.from_dlpack(a) if a is not None and not isinstance(a, np.ndarray) else a)
 
     def init(self, name: str, nrows: int, disp: int, itemsize: int = 1, dtype=None) -> None:
         """Pre-allocate ``nrows`` zero rows of ``disp`` elements of ``itemsize`` bytes for this
@@ -367,7 +419,10 @@ class DistStore(DistReader):
                 meta = self._node.init(name, int(nrows), (int(disp),), dt.name)
         except Exception as e:  # noqa: BLE001
             meta = e
-        self._collective_define(name, meta)
+        metas = self._collective_define(name, meta)
+        if self._wins is not None:
+            row = int(np.prod(self.view(name).item_shape, dtype=np.int64)) * np.dtype(self.view(name).dtype).itemsize
+            self._mpi_window(name, metas, np.zeros((int(nrows), row), np.uint8))
 
     def update(self, name: str, arr, offset: int) -> None:
         """Overwrite rows ``offset..`` of this rank's shard of ``name`` (local, not collective).
@@ -377,6 +432,14 @@ class DistStore(DistReader):
         if offset < 0:
             raise IndexError(f"offset {offset} is negative")
         self._node.update(name, a.reshape(-1).view(np.uint8) if a.size else a.reshape(0).view(np.uint8), int(offset))
+        if self._wins is not None and name in self._wins:
+            from mpi4py import MPI
+
+            win, buf = self._wins[name]
+            rows = a.reshape(-1).view(np.uint8).reshape(-1, buf.shape[1]) if a.size else buf[:0]
+            win.Lock(self._rank, MPI.LOCK_EXCLUSIVE)
+            buf[int(offset) : int(offset) + len(rows)] = rows
+            win.Unlock(self._rank)
 
     def join(self, name: str) -> None:
         """Extra member: wait for the group's variable ``name`` and read it from then on."""
@@ -406,6 +469,10 @@ class DistStore(DistReader):
     def free(self) -> None:
         """Stop serving, release shards, connections and registered buffers. Idempotent."""
         super().free()
+        if self._wins:
+            for win, _ in self._wins.values():
+                win.Free()
+            self._wins.clear()
         if self._node is not None:
             self._node.free()
 

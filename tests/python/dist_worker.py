@@ -152,7 +152,7 @@ def check_all(store: DistStore) -> dict:
     items = ds.__getitems__([n - 1, 2])
     np.testing.assert_array_equal(items["lab"], [n - 1, 2])
     prof = store.get_profile("feat")
-    return {"errors": errors, "requests": prof["requests"], "calls": prof["calls"], "n": n}
+    return {"errors": errors, "requests": prof["requests"], "calls": prof["calls"], "n": n, "mpi_windows": sorted(getattr(store, "_wins", None) or {})}
 
 
 def main() -> None:

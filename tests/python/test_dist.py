@@ -136,12 +136,12 @@ def _mpiexec():
     return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_ranks_under_mpiexec(tmp_path, size):
+@pytest.mark.parametrize("size,transport", [(2, "auto"), (4, "auto"), (2, "mpi"), (4, "mpi")])
+def test_ranks_under_mpiexec(tmp_path, size, transport):
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("mpi4py with an MPI library (pip install mpi4py mpich) is not installed")
-    p = subprocess.run([mpiexec, "-n", str(size), sys.executable, str(WORKER), "mpi", str(tmp_path), "0", str(size), "auto"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([mpiexec, "-n", str(size), sys.executable, str(WORKER), "mpi", str(tmp_path), "0", str(size), transport], capture_output=True, text=True, timeout=300)
     # Ranks share one stdout under mpiexec: each also writes its result to a file.
     files = sorted(tmp_path.glob("result.t-mpi.*.json"))
     assert p.returncode == 0 and len(files) == size, f"rc {p.returncode}\n{p.stdout}\n{p.stderr[-3000:]}"
@@ -149,6 +149,9 @@ def test_ranks_under_mpiexec(tmp_path, size):
     for r in lines:
         assert "error" not in r, r
         assert r["n"] == sum(k + 3 for k in range(size))
+        assert r["errors"] == {"span": "ValueError", "oob": "IndexError", "neg": "IndexError", "rows": "ValueError", "width": "ValueError", "dtype": "TypeError", "name": "ValueError"}
+        # Array variables read through RMA windows; the store-backed one ("tok") cannot.
+        assert r["mpi_windows"] == (["feat", "lab", "raw", "w"] if transport == "mpi" else []), r["mpi_windows"]
     assert sorted(r["rank"] for r in lines) == list(range(size))
 
 
