@@ -143,6 +143,13 @@ class DistReader:
         """Rows of each rank's shard."""
         return list(self._reader.rows(name)[1])
 
+    def _bounds_of(self, name: str) -> list[int]:
+        """First global row of each rank, then the total (cached per variable)."""
+        bounds = self._bounds.get(name)
+        if bounds is None:
+            bounds = self._bounds[name] = [0, *itertools.accumulate(self.shard_rows(name))]
+        return bounds
+
     def gather(self, name: str, ids):
         """Rows ``ids`` (global) as a pooled batch: a ``DLTensor`` (dense) or a
         ``RaggedBatch`` (ragged), like a local view's ``gather``."""
@@ -196,9 +203,7 @@ class DistReader:
         """``len(out)`` consecutive rows from global row ``start`` into ``out``; the range must
         lie within one rank's shard (``ValueError`` naming the shards otherwise)."""
         n = _host_array(out).shape[0] if out is not None else 0
-        bounds = self._bounds.get(name)
-        if bounds is None:
-            bounds = self._bounds[name] = [0, *itertools.accumulate(self.shard_rows(name))]
+        bounds = self._bounds_of(name)
         total = bounds[-1]
         if start < 0 or start + n > total:
             raise IndexError(f"rows {start}..{start + n} out of range for '{name}' of {total} rows")
@@ -364,9 +369,7 @@ class DistStore(DistReader):
         from mpi4py import MPI
 
         win, buf = self._wins[name]
-        bounds = self._bounds.get(name)
-        if bounds is None:
-            bounds = self._bounds[name] = [0, *itertools.accumulate(self.shard_rows(name))]
+        bounds = self._bounds_of(name)
         ids = ids.astype(np.int64, copy=False)
         if ids.size and ids.max() >= bounds[-1]:
             raise IndexError(f"id {int(ids.max())} out of range for '{name}' of {bounds[-1]} rows")

@@ -328,6 +328,8 @@ struct ReaderInner {
     timeout: Duration,
     /// This rank's own shards (a node's reader), read in place.
     local: Option<Shards>,
+    /// Pool for batches of store-backed shards staged before their rows are copied out.
+    staging: Allocator,
 }
 
 /// The read side of a distributed store: connections to every rank and the variables' shard
@@ -367,6 +369,7 @@ impl DistReader {
                 options,
                 timeout,
                 local,
+                staging: Allocator::default(),
             }),
         })
     }
@@ -788,7 +791,7 @@ impl DistSource {
                 match route {
                     Route::Shared { rows, .. } => rows.copy_rows_to(&g.ids, &g.pos, out, options.parallel)?,
                     Route::Local { source, .. } => {
-                        let b = source.gather(Ids::List(&g.ids), &Allocator::default(), options)?;
+                        let b = source.gather(Ids::List(&g.ids), &self.reader.inner.staging, options)?;
                         let t = b.into_dense(&self.var.name)?;
                         for (k, &p) in g.pos.iter().enumerate() {
                             out.put(p, &t.as_bytes()[k * rb..(k + 1) * rb])?;
@@ -930,6 +933,15 @@ unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
+    /// `len` bytes at `ptr` in rows of `row` bytes.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` bytes while the `Out` is used, and not read or
+    /// written by anyone else meanwhile.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize, row: usize) -> Out {
+        Out { ptr, len, row }
+    }
+
     /// Row `pos` of the destination, `row` bytes, bounds-checked.
     pub(crate) fn row_ptr(&self, pos: usize) -> Result<*mut u8> {
         match pos.checked_add(1).and_then(|e| e.checked_mul(self.row)) {
@@ -992,7 +1004,22 @@ impl RecordSource for DistSource {
             }
             Layout::Ragged { ndim } => {
                 let groups = self.groups(&ids)?;
-                self.retrying(|| self.gather_ragged(&groups, n, *ndim, allocator, options))?
+                let mut owners = groups.iter().enumerate().filter(|(_, g)| !g.ids.is_empty());
+                let single = match (owners.next(), owners.next()) {
+                    (Some((r, g)), None) => Some((r, g)),
+                    _ => None,
+                };
+                let route = single.map(|(r, _)| self.var.routes.read().map(|routes| routes[r].clone())).transpose().map_err(lock_err)?;
+                match (single, route.as_deref()) {
+                    // One owner read in place: its batch is already in the order of `ids`.
+                    (Some((r, g)), Some(Route::Local { source, owner })) => {
+                        if owner.as_ref().is_some_and(|o| o.exited()) {
+                            return Err(self.peer_error(r, "the rank's process exited".into(), false));
+                        }
+                        source.gather(Ids::List(&g.ids), allocator, options)?
+                    }
+                    _ => self.retrying(|| self.gather_ragged(&groups, n, *ndim, allocator, options))?,
+                }
             }
         };
         self.var.counters.bytes.fetch_add(b.nbytes() as u64, Ordering::Relaxed);

@@ -173,20 +173,19 @@ impl RecordSource for SharedRows {
         Layout::Dense { item_shape: self.item_shape.clone() }
     }
 
-    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _options: &ReadOptions) -> Result<Batch> {
+    fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
         ids.validate(self.rows, std::path::Path::new(&self.name))?;
         let n = ids.len();
         let bytes = n.checked_mul(self.row_bytes).ok_or_else(|| Error::invalid("ids", "batch too large"))?;
         let mut alloc = allocator.allocate(bytes)?;
-        let out = alloc.as_uninit_mut();
-        let base = out.as_mut_ptr().cast::<u8>();
-        for k in 0..n {
-            // `k * row_bytes + row_bytes <= bytes`: within the allocation.
-            self.copy_row(ids.get(k), base.wrapping_add(k * self.row_bytes));
-        }
+        let ids: Vec<u64> = (0..n).map(|k| ids.get(k)).collect();
+        let pos: Vec<usize> = (0..n).collect();
+        // SAFETY: the fresh allocation's `bytes` writable bytes, ours alone during the copy.
+        let out = unsafe { crate::dist::node::Out::new(alloc.as_uninit_mut().as_mut_ptr().cast::<u8>(), bytes, self.row_bytes) };
+        self.copy_rows_to(&ids, &pos, &out, options.parallel)?;
         let mut shape = vec![n];
         shape.extend_from_slice(&self.item_shape);
-        // SAFETY: all `n * row_bytes` bytes were written above.
+        // SAFETY: every row 0..n was written by copy_rows_to (it fails before returning otherwise).
         Ok(Batch::Dense(unsafe { Tensor::from_initialized(std::sync::Arc::new(alloc), 0, self.dtype, shape) }))
     }
 }
