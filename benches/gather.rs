@@ -43,6 +43,9 @@ fn main() {
         let batch_bytes: f64 = batches.iter().map(|b| b.iter().map(|&i| w.record(i as usize).len()).sum::<usize>() as f64).sum::<f64>() / BATCHES as f64;
         let group_name = format!("gather_{}", w.name);
         for codec in Codec::ALL {
+            if !codec_enabled(codec) {
+                continue;
+            }
             let path = dir.join(format!("{}_{codec}", w.name));
             let opts = WriterOptions { codec, dictionary: (codec == Codec::ZstdDict).then(|| dict.clone()), ..Default::default() };
             w.write(&path, opts).expect("write");
@@ -226,6 +229,11 @@ fn evict_data_files(store: &std::path::Path) {
             }
         }
     }
+}
+
+/// `ZREC_BENCH_CODECS=raw,zstd` measures only those codecs (all by default).
+fn codec_enabled(codec: Codec) -> bool {
+    std::env::var("ZREC_BENCH_CODECS").map(|v| v.split(',').any(|c| c.trim() == codec.to_string())).unwrap_or(true)
 }
 
 /// Cold measurements run unless `ZREC_BENCH_COLD=0`.

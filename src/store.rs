@@ -54,6 +54,7 @@ macro_rules! store_source {
 }
 
 pub mod codec;
+mod crew;
 pub mod dataset;
 mod dense;
 pub mod format;

@@ -75,6 +75,29 @@ def measure(fn, batches, seconds):
     return (time.perf_counter() - t0) / k
 
 
+def measure_rounds(fns, batches, seconds, rounds=8):
+    """{name: seconds per call} for every fn in `fns`, measured in `rounds` interleaved slices
+    of seconds / rounds each (every system in turn, round after round) and reduced to each
+    system's median slice: a machine whose memory speed drifts over seconds (a shared VM)
+    shifts every system alike instead of whichever ran during a slow spell."""
+    per = {name: [] for name in fns}
+    for fn in fns.values():
+        fn(batches[0])  # warm
+    k = 0
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            n = 0
+            while True:
+                fn(batches[k % len(batches)])
+                k += 1
+                n += 1
+                if n % 8 == 0 and time.perf_counter() - t0 >= seconds / rounds:
+                    break
+            per[name].append((time.perf_counter() - t0) / n)
+    return {name: sorted(v)[len(v) // 2] for name, v in per.items()}
+
+
 def drop_cache(*paths):
     """Ask the kernel to drop the page-cache pages of every file under `paths` (pages still
     mapped by a process stay: release mappings first)."""

@@ -3,7 +3,8 @@ and, where a Python >= 3.12 with `loaderx` is available, loaderx.
 
 Workloads (generated deterministically): dense vision (uint8[3,224,224] image-like), dense
 tokens (int32[512], Zipf ids), ragged tokens (int32, lengths 16..512, median ~129). Each
-measurement gathers fresh IID batches of 256 for at least --seconds seconds, after checking
+measurement gathers fresh IID batches of 256 for about --seconds seconds (warm: in 8 rounds
+interleaved across systems, each system's median round reported), after checking
 that every system returns identical data. Prints a Markdown table with ratios against the
 fastest peer of the same codec class (raw vs uncompressed peers, zstd vs compressed peers).
 
@@ -26,7 +27,7 @@ import numpy as np
 import zrecord
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import drop_cache, measure, measure_cold  # noqa: E402
+from _harness import drop_cache, measure, measure_cold, measure_rounds  # noqa: E402
 
 BATCH = 256
 
@@ -274,7 +275,8 @@ def main():
             os.sync()
             timings = {name: (cls, measure_cold(fn, evict, batches, args.seconds)) for name, (cls, fn, evict) in systems_.items()}
         else:
-            timings = {name: (cls, measure(fn, batches, args.seconds)) for name, (cls, fn, _) in systems_.items()}
+            per_call = measure_rounds({name: fn for name, (_, fn, _) in systems_.items()}, batches, args.seconds)
+            timings = {name: (cls, per_call[name]) for name, (cls, _, _) in systems_.items()}
         for name, (cls, t) in loaderx_results(w, root, args.seconds, args.cold).items():
             timings[name] = (cls, t)
         best = {}

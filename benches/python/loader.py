@@ -3,7 +3,9 @@ over one .npy mmap, packed collation for ragged; only when torch is installed) v
 loaderx Loader (when LOADERX_PYTHON names a Python >= 3.12 with loaderx). Dense vision
 (2,500 x uint8[3,224,224]) and ragged tokens (100,000 sequences), batch 256, IID, a 200-batch
 pass after 10 warm-up batches, transform to torch tensors (NumPy arrays when torch is absent).
-Peak PSS of the process tree is sampled every 10 ms during the pass.
+The timed pass runs alone; peak PSS of the process tree is then sampled every 10 ms during a
+second pass of the same length (sampling slows the process it samples). zrecord configurations
+run --repeats times in fresh processes, interleaved, and report their median run.
 
     python benches/python/loader.py [--batches 200] [--scale 1.0]
 """
@@ -47,6 +49,21 @@ def mem_of(mem):
     return [mem.peak, mem.peaks["Pss_Anon"], mem.peaks["Pss_File"]]
 
 
+def timed_then_sampled(step, batches):
+    """[records/s, peak PSS, peak anon PSS, peak file PSS]: `batches` calls of step() timed
+    alone, then as many again with the PSS sampler running (reading smaps_rollup walks the
+    process's page tables under its mmap lock: timing with it running halved the measured rate
+    of the loaders that map their data)."""
+    t = time.perf_counter()
+    for _ in range(batches):
+        step()
+    dt = time.perf_counter() - t
+    with PeakPss(os.getpid()) as mem:
+        for _ in range(batches):
+            step()
+    return [batches * BATCH / dt] + mem_of(mem)
+
+
 def run_zrecord(path, n, batches, workers):
     store = zrecord.open(path)
     alloc = zrecord.Allocator("cpu")
@@ -54,13 +71,9 @@ def run_zrecord(path, n, batches, workers):
                             workers=workers, prefetch=4, transform=to_arrays)
     for _ in range(10):
         next(loader)
-    with PeakPss(os.getpid()) as mem:
-        t = time.perf_counter()
-        for _ in range(batches):
-            next(loader)
-        dt = time.perf_counter() - t
+    out = timed_then_sampled(lambda: next(loader), batches)
     loader.close()
-    return [batches * BATCH / dt] + mem_of(mem)
+    return out
 
 
 def run_gather(path, n, batches):
@@ -69,15 +82,11 @@ def run_gather(path, n, batches):
     store = zrecord.open(path)
     view = store.bind(zrecord.Allocator("cpu"))
     sampler = zrecord.Sampler(n, BATCH, "iid", seed=1)
-    ids = [np.asarray(sampler.batch(s)) for s in range(batches + 10)]
+    ids = [np.asarray(sampler.batch(s)) for s in range(2 * batches + 10)]
     for s in range(10):
         to_arrays([{"data": view[ids[s]]}])
-    with PeakPss(os.getpid()) as mem:
-        t = time.perf_counter()
-        for s in range(10, batches + 10):
-            to_arrays([{"data": view[ids[s]]}])
-        dt = time.perf_counter() - t
-    return [batches * BATCH / dt] + mem_of(mem)
+    at = iter(range(10, 2 * batches + 10))
+    return timed_then_sampled(lambda: to_arrays([{"data": view[ids[next(at)]]}]), batches)
 
 
 def prepare_torch(w, root):
@@ -129,18 +138,14 @@ def run_torch(kind, root, n, batches):
             lens = torch.tensor([len(x) for x in items])
             return torch.cat(items), torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
 
-    sampler = torch.utils.data.RandomSampler(range(n), replacement=True, num_samples=(batches + 20) * BATCH)
+    sampler = torch.utils.data.RandomSampler(range(n), replacement=True, num_samples=(2 * batches + 20) * BATCH)
     dl = DataLoader(D(), batch_size=BATCH, sampler=sampler, num_workers=2, collate_fn=collate)
     it = iter(dl)
     for _ in range(10):
         next(it)
-    with PeakPss(os.getpid()) as mem:
-        t = time.perf_counter()
-        for _ in range(batches):
-            next(it)
-        dt = time.perf_counter() - t
+    out = timed_then_sampled(lambda: next(it), batches)
     del it, dl
-    return [batches * BATCH / dt] + mem_of(mem)
+    return out
 
 
 LOADERX = r"""
@@ -169,10 +174,11 @@ def tr(shards):
 with Allocator("cpu") as a:
     loader = Loader({"data": [store.bind(a)]}, Sampler(n, 256, Sampler.Mode.IID, seed=1), transform=tr)
     for _ in range(10): next(loader)
+    t = time.perf_counter()
+    for _ in range(batches): next(loader)
+    dt = time.perf_counter() - t
     with PeakPss(os.getpid()) as mem:
-        t = time.perf_counter()
         for _ in range(batches): next(loader)
-        dt = time.perf_counter() - t
     loader.close()
 print(json.dumps([batches * 256 / dt, mem.peak, mem.peaks["Pss_Anon"], mem.peaks["Pss_File"]]))
 """
@@ -221,6 +227,7 @@ def main():
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--torch-python", default=None, help="interpreter with torch (and zrecord) installed")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh-process runs of each zrecord configuration, interleaved; the median is reported")
     args = ap.parse_args()
     k = lambda n: max(BATCH, int(n * args.scale))  # noqa: E731
     rows = []
@@ -234,8 +241,17 @@ def main():
                 with zrecord.RaggedWriter(p, w.values.dtype, 1, "raw") as wr:
                     wr.append(zrecord.RaggedBatch(w.values, w.cu, np.diff(w.cu).astype(np.uint64).reshape(-1, 1)))
             # Every backend runs in a fresh process, so peak PSS counts only what it holds.
-            res = {"zrecord view gather + transform (baseline)": fresh("gather", p, w.n, args.batches, 0)}
-            res.update({f"zrecord (workers={wk})": fresh("zrecord", p, w.n, args.batches, wk, args.torch_python) for wk in (0, 2, 4)})
+            # The zrecord configurations run `--repeats` times, interleaved (a shared VM's memory
+            # speed drifts over seconds), each reported as its median run.
+            configs = {"zrecord view gather + transform (baseline)": ("gather", 0)}
+            configs.update({f"zrecord (workers={wk})": ("zrecord", wk) for wk in (0, 2, 4)})
+            runs = {name: [] for name in configs}
+            for _ in range(args.repeats):
+                for name, (what, extra) in configs.items():
+                    r = fresh(what, p, w.n, args.batches, extra, args.torch_python)
+                    if r is not None:
+                        runs[name].append(r)
+            res = {name: sorted(rs)[len(rs) // 2] if rs else None for name, rs in runs.items()}
             prepare_torch(w, root)
             kind = "dense" if isinstance(w, compare.Dense) else "ragged"
             res["torch DataLoader (2 workers)"] = fresh("torch", root, w.n, args.batches, kind, args.torch_python)

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::memory::{Allocator, RaggedBatch, RaggedLayout, Tensor};
+use crate::store::crew::{Crew, Job};
 use crate::store::reader::{Check, StoreCore, MAX_NDIM};
 
 /// Below this many output bytes a gather runs on the calling thread.
@@ -133,8 +134,18 @@ impl Chunks {
     }
 }
 
-/// Run `work(0..n)` with up to `helpers` rayon jobs joining the calling thread (see
-/// [`Chunks`]). First error wins; a panic in a chunk is an error, never a hang.
+impl Job for Chunks {
+    fn help(&self) {
+        Chunks::help(self);
+    }
+
+    fn exhausted(&self) -> bool {
+        self.next.load(Ordering::Relaxed) >= self.n
+    }
+}
+
+/// Run `work(0..n)` with up to `helpers` gather-crew members joining the calling thread (see
+/// [`Chunks`] and [`Crew`]). First error wins; a panic in a chunk is an error, never a hang.
 fn run_chunks(n: usize, helpers: usize, work: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()> {
     let helpers = helpers.min(n.saturating_sub(1));
     if helpers == 0 {
@@ -151,11 +162,15 @@ fn run_chunks(n: usize, helpers: usize, work: &(dyn Fn(usize) -> Result<()> + Sy
         error: Mutex::new(None),
         work,
     });
-    for _ in 0..helpers {
-        let s = shared.clone();
-        rayon::spawn(move || s.help());
+    let crew = Crew::get();
+    let job: Arc<dyn Job> = shared.clone();
+    if let Some(crew) = crew {
+        crew.post(job.clone(), helpers);
     }
     shared.help();
+    if let Some(crew) = crew {
+        crew.retire(&job);
+    }
     // Every chunk is claimed; wait for those still running on helpers (a few microseconds).
     let mut spins = 0u32;
     while shared.done.load(Ordering::Acquire) < n {
@@ -175,7 +190,7 @@ fn helpers_for(bytes: usize) -> usize {
     if bytes < PARALLEL_MIN_BYTES {
         0
     } else {
-        rayon::current_num_threads().saturating_sub(1)
+        Crew::get().map_or(0, |_| rayon::current_num_threads().saturating_sub(1))
     }
 }
 
@@ -374,6 +389,33 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    /// Gathers posted from several threads at once share the crew's queue: every chunk of
+    /// every job runs exactly once, and back-to-back jobs (members lingering between them) and
+    /// jobs after a pause (members parked) both complete.
+    #[test]
+    fn concurrent_posters_share_the_crew() {
+        std::thread::scope(|s| {
+            for t in 0..4usize {
+                s.spawn(move || {
+                    for round in 0..300usize {
+                        let n = 1 + (round * 7 + t) % 40;
+                        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                        run_chunks(n, 3, &|k| {
+                            hits[k].fetch_add(1, Ordering::Relaxed);
+                            Ok(())
+                        })
+                        .unwrap_or_else(|e| panic!("{e}"));
+                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "thread {t} round {round}");
+                        if round % 100 == 99 {
+                            // Long enough for lingering members to park.
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                    }
+                });
+            }
+        });
     }
 
     /// The caller returns while helpers it woke may not have started: the borrowed state the

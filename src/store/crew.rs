@@ -1,0 +1,136 @@
+//! The gather crew: helper threads that join parallel gathers and stay awake for a moment
+//! after each one.
+//!
+//! A gather of small records is short (256 × 2 KiB is ~30 µs of copying), and on this kind
+//! of machine a parked thread takes tens of microseconds to wake: a pool whose threads go to
+//! sleep between gathers (rayon's do, within microseconds) joins back-to-back gathers late or
+//! not at all. Crew members keep looking for the next job for [`LINGER`] after their last one
+//! (spinning on a counter, then yielding), so a loop of gathers finds them awake; after that
+//! they park on a condition variable and cost nothing.
+//!
+//! Jobs are shared work lists ([`Job`]): the poster works on its own job too and never waits
+//! for a member to start (see `gather::Chunks`), so a member that is late, busy with another
+//! job or missing (a forked child has none) only means less parallelism.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Work that crew members can join.
+pub(crate) trait Job: Send + Sync {
+    /// Claim and run parts until none is left unclaimed.
+    fn help(&self);
+    /// True once every part has been claimed (nothing left for a member to do).
+    fn exhausted(&self) -> bool;
+}
+
+/// How long a member keeps looking for new work after its last job before it parks.
+const LINGER: Duration = Duration::from_micros(200);
+/// Of that, how long it spins before it starts yielding its core to other runnable threads.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// The process's gather helpers.
+pub(crate) struct Crew {
+    /// The process that started the members (a forked child has none of them).
+    pid: u32,
+    members: usize,
+    queue: Mutex<Vec<Arc<dyn Job>>>,
+    /// Bumped by every post: lingering members watch it instead of taking the lock.
+    posted: AtomicU64,
+    /// Members waiting on `wake`.
+    parked: AtomicUsize,
+    wake: Condvar,
+}
+
+static CREW: OnceLock<Crew> = OnceLock::new();
+
+impl Crew {
+    /// The crew of this process: one member fewer than rayon's thread count (the poster is the
+    /// last worker), started on first use. `None` when there are no members: one thread
+    /// configured, no thread could be started, or this is a forked child of the process that
+    /// started them (threads do not survive `fork`).
+    pub(crate) fn get() -> Option<&'static Crew> {
+        let crew = CREW.get_or_init(|| Crew {
+            pid: std::process::id(),
+            members: rayon::current_num_threads().saturating_sub(1),
+            queue: Mutex::new(Vec::new()),
+            posted: AtomicU64::new(0),
+            parked: AtomicUsize::new(0),
+            wake: Condvar::new(),
+        });
+        static STARTED: std::sync::Once = std::sync::Once::new();
+        STARTED.call_once(|| {
+            for i in 0..crew.members {
+                let spawned = std::thread::Builder::new().name(format!("zrecord-gather-{i}")).spawn(move || crew.work());
+                if spawned.is_err() {
+                    // Fewer members only means less parallelism: posters never wait for one.
+                    break;
+                }
+            }
+        });
+        (crew.members > 0 && crew.pid == std::process::id()).then_some(crew)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<dyn Job>>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Offer `job` to the crew, waking up to `wanted` parked members.
+    pub(crate) fn post(&self, job: Arc<dyn Job>, wanted: usize) {
+        self.lock().push(job);
+        self.posted.fetch_add(1, Ordering::SeqCst);
+        let parked = self.parked.load(Ordering::SeqCst);
+        for _ in 0..wanted.min(parked) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Take `job` off the queue (its poster is done with it).
+    pub(crate) fn retire(&self, job: &Arc<dyn Job>) {
+        self.lock().retain(|j| !Arc::ptr_eq(j, job));
+    }
+
+    /// The oldest job with parts left; exhausted jobs are dropped on the way.
+    fn next(queue: &mut Vec<Arc<dyn Job>>) -> Option<Arc<dyn Job>> {
+        queue.retain(|j| !j.exhausted());
+        queue.first().cloned()
+    }
+
+    /// A member's life: run jobs, linger, park.
+    fn work(&self) {
+        let mut seen = u64::MAX;
+        let mut idle_since = Instant::now();
+        loop {
+            let posted = self.posted.load(Ordering::SeqCst);
+            if posted != seen {
+                seen = posted;
+                let job = Crew::next(&mut self.lock());
+                if let Some(job) = job {
+                    job.help();
+                    // More may be queued behind it: look again at once.
+                    seen = u64::MAX;
+                    idle_since = Instant::now();
+                }
+                continue;
+            }
+            let idle = idle_since.elapsed();
+            if idle < SPIN {
+                for _ in 0..16 {
+                    std::hint::spin_loop();
+                }
+            } else if idle < LINGER {
+                std::thread::yield_now();
+            } else {
+                let mut q = self.lock();
+                if Crew::next(&mut q).is_none() {
+                    self.parked.fetch_add(1, Ordering::SeqCst);
+                    q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                    self.parked.fetch_sub(1, Ordering::SeqCst);
+                }
+                drop(q);
+                seen = u64::MAX;
+                idle_since = Instant::now();
+            }
+        }
+    }
+}
