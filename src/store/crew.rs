@@ -44,15 +44,27 @@ pub(crate) struct Crew {
 
 static CREW: OnceLock<Crew> = OnceLock::new();
 
+/// Threads a gather may use: `RAYON_NUM_THREADS` when set (as for rayon's global pool), else
+/// the CPUs this process may run on. Not `rayon::current_num_threads()`: the first gather may
+/// run inside a small dedicated pool (a writer's, the Zarr reader's) and must not size the
+/// crew after it.
+fn threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 impl Crew {
-    /// The crew of this process: one member fewer than rayon's thread count (the poster is the
-    /// last worker), started on first use. `None` when there are no members: one thread
+    /// The crew of this process: one member fewer than the process's gather threads (the
+    /// poster is the last worker), started on first use. `None` when there are no members: one thread
     /// configured, no thread could be started, or this is a forked child of the process that
     /// started them (threads do not survive `fork`).
     pub(crate) fn get() -> Option<&'static Crew> {
         let crew = CREW.get_or_init(|| Crew {
             pid: std::process::id(),
-            members: rayon::current_num_threads().saturating_sub(1),
+            members: threads().saturating_sub(1),
             queue: Mutex::new(Vec::new()),
             posted: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
@@ -69,6 +81,11 @@ impl Crew {
             }
         });
         (crew.members > 0 && crew.pid == std::process::id()).then_some(crew)
+    }
+
+    /// Members (helpers a gather may hope for besides its own thread).
+    pub(crate) fn members(&self) -> usize {
+        self.members
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Arc<dyn Job>>> {

@@ -190,7 +190,7 @@ fn helpers_for(bytes: usize) -> usize {
     if bytes < PARALLEL_MIN_BYTES {
         0
     } else {
-        Crew::get().map_or(0, |_| rayon::current_num_threads().saturating_sub(1))
+        Crew::get().map_or(0, Crew::members)
     }
 }
 
