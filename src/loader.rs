@@ -8,7 +8,7 @@ mod pipeline;
 mod sampler;
 
 pub use arrow::{loader_schema, position_record_batch, LoaderBatchReader, STEP_COLUMN};
-pub use pipeline::{IdSource, Loader, LoaderHandle, LoaderOptions, PositionBatch, MAX_PREFETCH, MAX_WORKERS};
+pub use pipeline::{IdSource, Loader, LoaderHandle, LoaderOptions, PositionBatch, TransformGuard, MAX_PREFETCH, MAX_WORKERS};
 pub use sampler::{Mode, Sampler, MAX_BATCH_SIZE};
 
 pub use crate::store::{Batch, SourceView};

@@ -241,6 +241,9 @@ def main():
                 with zrecord.RaggedWriter(p, w.values.dtype, 1, "raw") as wr:
                     wr.append(zrecord.RaggedBatch(w.values, w.cu, np.diff(w.cu).astype(np.uint64).reshape(-1, 1)))
             # Every backend runs in a fresh process, so peak PSS counts only what it holds.
+            # A pass of 200 token batches lasts ~15 ms: token workloads run 10x the batches
+            # (torch's DataLoader, 30-60x slower, keeps --batches).
+            nb = args.batches if isinstance(w, compare.Dense) else 10 * args.batches
             # The zrecord configurations run `--repeats` times, interleaved (a shared VM's memory
             # speed drifts over seconds), each reported as its median run.
             configs = {"zrecord view gather + transform (baseline)": ("gather", 0)}
@@ -248,14 +251,14 @@ def main():
             runs = {name: [] for name in configs}
             for _ in range(args.repeats):
                 for name, (what, extra) in configs.items():
-                    r = fresh(what, p, w.n, args.batches, extra, args.torch_python)
+                    r = fresh(what, p, w.n, nb, extra, args.torch_python)
                     if r is not None:
                         runs[name].append(r)
             res = {name: sorted(rs)[len(rs) // 2] if rs else None for name, rs in runs.items()}
             prepare_torch(w, root)
             kind = "dense" if isinstance(w, compare.Dense) else "ragged"
             res["torch DataLoader (2 workers)"] = fresh("torch", root, w.n, args.batches, kind, args.torch_python)
-            res["loaderx Loader"] = run_loaderx(w, root, args.batches)
+            res["loaderx Loader"] = run_loaderx(w, root, nb)
             for name, r in res.items():
                 if r is not None:
                     rows.append((w.name, name, *r))

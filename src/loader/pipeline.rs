@@ -462,7 +462,17 @@ impl LoaderHandle {
     pub fn in_transform(&self) -> bool {
         InTransform::active(self.key)
     }
+
+    /// Mark the calling thread as running this loader's transform until the guard drops: for
+    /// a consumer that finishes a step its workers left unfinished (the same re-entry rules
+    /// then apply as inside a worker).
+    pub fn enter_transform(&self) -> TransformGuard {
+        TransformGuard(InTransform::enter(self.key))
+    }
 }
+
+/// See [`LoaderHandle::enter_transform`].
+pub struct TransformGuard(#[allow(dead_code)] InTransform);
 
 thread_local! {
     /// Loaders (by their shared state's address) whose transform this thread is running.
