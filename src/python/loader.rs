@@ -215,7 +215,9 @@ impl Finisher {
             None if self.has_transform => Err(PyValueError::new_err("loader is closed")),
             None => Ok(list.into_any().unbind()),
         };
-        let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        // One sample counts at most 5x the threshold: a single preemption or page-fault storm
+        // must not move cheap transforms back to the workers for many steps.
+        let ns = (started.elapsed().as_nanos().min(u64::MAX as u128) as u64).min(5 * DEFER_BELOW_NS);
         let n = self.samples.fetch_add(1, Ordering::Relaxed);
         let avg = if n == 0 { ns } else { (self.cost_ns.load(Ordering::Relaxed).saturating_mul(7) + ns) / 8 };
         self.cost_ns.store(avg, Ordering::Relaxed);

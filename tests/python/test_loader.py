@@ -113,6 +113,32 @@ def test_transform_and_its_exceptions(streams):
             next(loader)
 
 
+def test_cheap_transforms_run_on_the_consumer_expensive_ones_in_workers(streams):
+    """Workers leave a cheap step's Python part (wrapping + transform) to the consumer once its
+    average cost is known; an expensive transform stays on the workers. Results are the same
+    steps in the same order either way."""
+    main = threading.get_ident()
+    sampler = Sampler(N, 8, "iid", seed=3)
+    for delay, consumer in ((0.0, True), (0.003, False)):
+        where = []
+
+        def transform(shards, delay=delay, where=where):
+            where.append(threading.get_ident())
+            if delay:
+                time.sleep(delay)
+            return shards
+
+        with Loader(streams, sampler, workers=2, transform=transform) as loader:
+            got = [ids_of(next(loader)) for _ in range(60)]
+        assert got == [sampler.batch(s).tolist() for s in range(60)]
+        if consumer:
+            # The first steps are measured on the workers; once the average is known, steps
+            # run here (most of them: a loaded machine may slow a few past the threshold).
+            assert where[:2] != [main, main] and where[-40:].count(main) >= 20, where
+        else:
+            assert main not in where, where
+
+
 def test_close_while_workers_blocked(streams):
     loader = Loader(streams, Sampler(N, 8, "iid"), workers=4, prefetch=1)
     time.sleep(0.2)  # every worker now waits on the full window
