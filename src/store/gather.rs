@@ -162,14 +162,14 @@ fn run_chunks(n: usize, helpers: usize, work: &(dyn Fn(usize) -> Result<()> + Sy
         error: Mutex::new(None),
         work,
     });
-    let crew = Crew::get();
-    let job: Arc<dyn Job> = shared.clone();
-    if let Some(crew) = crew {
-        crew.post(job.clone(), helpers);
-    }
-    shared.help();
-    if let Some(crew) = crew {
-        crew.retire(&job);
+    match Crew::get() {
+        Some(crew) => {
+            let job: Arc<dyn Job> = shared.clone();
+            crew.post(job.clone(), helpers);
+            shared.help();
+            crew.retire(&job);
+        }
+        None => shared.help(),
     }
     // Every chunk is claimed; wait for those still running on helpers (a few microseconds).
     let mut spins = 0u32;
