@@ -47,9 +47,11 @@ pub mod dataset {
     pub use crate::arrow::DatasetWriter;
     pub use crate::store::dataset::*;
 }
+pub mod ballista;
 pub mod cache;
 pub(crate) mod functions;
 pub mod ids;
+mod parts;
 mod prepared;
 mod rules;
 mod sink;
@@ -67,6 +69,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use dataset::{Dataset, DatasetWriter, Stream};
 pub use cache::PlanCache;
+pub use parts::{PartsTarget, ZrecordCommitExec, ZrecordPartsExec};
 pub use prepared::{id_list, PreparedQuery};
 pub use functions::{info_batch, GatherFunction, InfoFunction, LoaderExec, LoaderFunction, LoaderTable};
 pub use rules::UnsignedLiterals;
@@ -155,19 +158,33 @@ pub fn zrecord_context() -> SessionContext {
 
 /// [`zrecord_context`] with a given configuration.
 pub fn zrecord_context_with_config(config: SessionConfig) -> SessionContext {
+    // Building a fresh state and registering into it cannot fail.
+    zrecord_context_finished(config, Ok).unwrap_or_else(|_| SessionContext::new())
+}
+
+/// A zrecord context whose state `finish` completes before the context is made (Ballista's
+/// client planner goes in there).
+pub(crate) fn zrecord_context_finished(
+    config: SessionConfig,
+    finish: impl FnOnce(datafusion::execution::SessionState) -> datafusion::error::Result<datafusion::execution::SessionState>,
+) -> datafusion::error::Result<SessionContext> {
     // Typing `_id` literals as UInt64 first saves the Decimal128 coercion of every literal.
-    let mut analyzer: Vec<Arc<dyn AnalyzerRule + Send + Sync>> = vec![Arc::new(UnsignedLiterals)];
+    let mut analyzer: Vec<Arc<dyn AnalyzerRule + Send + Sync>> = vec![Arc::new(UnsignedLiterals), Arc::new(sink::CopyOptionsInFormat)];
     analyzer.extend(Analyzer::new().rules);
-    let state = SessionStateBuilder::new().with_config(config).with_default_features().with_analyzer_rules(analyzer).build();
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_analyzer_rules(analyzer)
+        .with_physical_optimizer_rule(Arc::new(parts::KeepPartOrder))
+        .build();
     // URL tables (as `SessionContext::enable_url_table`, with zrecord paths first).
     let files = Arc::new(DynamicListTableFactory::new(SessionStore::new()));
     let catalogs = Arc::new(DynamicFileCatalog::new(state.catalog_list().clone(), Arc::new(UrlTables { files: files.clone() })));
-    let state = SessionStateBuilder::new_from_existing(state).with_catalog_list(catalogs).build();
+    let state = finish(SessionStateBuilder::new_from_existing(state).with_catalog_list(catalogs).build())?;
     let ctx = SessionContext::new_with_state(state);
     files.session_store().with_state(ctx.state_weak_ref());
-    // Registering into a fresh state cannot clash with anything.
-    let _ = register_zrecord_extension(&ctx);
-    ctx
+    register_zrecord_extension(&ctx)?;
+    Ok(ctx)
 }
 
 /// `ctx.register_zrecord(name, path)`.

@@ -54,6 +54,7 @@ macro_rules! store_source {
 }
 
 pub mod codec;
+mod concat;
 mod crew;
 pub mod dataset;
 mod dense;
@@ -72,6 +73,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use codec::{Codec, DEFAULT_LEVEL};
+pub use concat::ConcatSource;
 pub use dense::{DenseStore, DenseView, DenseWriter};
 pub use format::{Kind, Logical};
 pub use gather::Ids;

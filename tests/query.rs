@@ -426,3 +426,130 @@ fn prepared_statements_bind_ids_and_reuse_the_plan() {
         assert_eq!(column(&r, "b"), vec!["3", "7"]);
     });
 }
+
+/// A COPY of a partitioned input writes one part per partition, in parallel, and commits the
+/// root once: it reads back (SQL and Rust) as the source rows in source order, equal to a
+/// one-partition COPY of the same query; gathers across parts keep their order.
+#[test]
+fn partitioned_copy_writes_parts_and_reads_back_in_source_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    rt().block_on(async {
+        let one = zrecord_context_with_config(SessionConfig::new().with_target_partitions(1));
+        let src = d.join("src.parquet");
+        // One Parquet file of 30 row groups: the COPY splits it by byte range into partitions.
+        let make = format!(
+            "COPY (SELECT value AS k, value % 7 AS m, CAST(value * 3 AS VARCHAR) AS s, range(value, value + value % 4 + 1) AS v \
+             FROM generate_series(0, 2999)) TO '{}' STORED AS PARQUET OPTIONS (max_row_group_size 100)",
+            src.display()
+        );
+        collect(&one, &make).await;
+        let four = zrecord_context_with_config(SessionConfig::new().with_target_partitions(4).with_batch_size(64));
+        let parted = d.join("parted");
+        let copy = |out: &std::path::Path| format!("COPY (SELECT k, m, s, v FROM '{}' WHERE m <> 3) TO '{}' STORED AS ZRECORD", src.display(), out.display());
+        let plan = column(&collect(&four, &format!("EXPLAIN {}", copy(&parted))).await, "plan").join("\n");
+        assert!(plan.contains("ZrecordCommitExec") && plan.contains("ZrecordPartsExec") && plan.contains("parts=4"), "{plan}");
+        let r = collect(&four, &copy(&parted)).await;
+        let expected_rows = (0..3000).filter(|v| v % 7 != 3).count();
+        assert_eq!(column(&r, "count"), vec![expected_rows.to_string()]);
+        let single = d.join("single");
+        collect(&one, &copy(&single)).await;
+
+        // The root lists 4 parts in order (dataset.json version 2); the one-partition COPY is
+        // a plain root (version 1).
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(parted.join("dataset.json")).unwrap()).unwrap();
+        assert_eq!(m["version"], 2);
+        let parts = m["parts"].as_array().unwrap();
+        assert_eq!(parts.len(), 4);
+        assert_eq!(parts.iter().map(|p| p["record_count"].as_u64().unwrap()).sum::<u64>(), expected_rows as u64);
+        // Byte ranges of the file: most partitions get row groups (an empty part is a valid part).
+        assert!(parts.iter().filter(|p| p["record_count"].as_u64().unwrap() > 0).count() >= 3, "the file was split: {m}");
+        let m1: serde_json::Value = serde_json::from_slice(&std::fs::read(single.join("dataset.json")).unwrap()).unwrap();
+        assert_eq!(m1["version"], 1);
+        assert!(m1.get("parts").is_none());
+        let hidden: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with('.')).collect();
+        assert!(hidden.is_empty(), "no staging folder left: {hidden:?}");
+
+        // Both read back as the source's rows in source order, _id numbering them.
+        let want = collect(&one, &format!("SELECT k, m, s, v FROM '{}' WHERE m <> 3", src.display())).await;
+        for root in [&parted, &single] {
+            let ctx = zrecord_context_with_config(SessionConfig::new().with_target_partitions(3).with_batch_size(50));
+            ctx.register_zrecord("t", root).unwrap();
+            let got = collect(&ctx, "SELECT _id, k, m, s, v FROM t ORDER BY _id").await;
+            for c in ["k", "m", "s", "v"] {
+                assert_eq!(column(&got, c), column(&want, c), "column {c} of {}", root.display());
+            }
+            assert_eq!(column(&got, "_id"), (0..expected_rows).map(|i| i.to_string()).collect::<Vec<_>>());
+            // gather across part boundaries, repeats, any order.
+            let n = expected_rows;
+            let ids = [n - 1, 0, n / 2, 0, n / 4 + 1, 3 * n / 4];
+            let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+            let g = collect(&ctx, &format!("SELECT k, v FROM gather('t', [{list}])")).await;
+            let wk = column(&want, "k");
+            let wv = column(&want, "v");
+            assert_eq!(column(&g, "k"), ids.iter().map(|&i| wk[i].clone()).collect::<Vec<_>>());
+            assert_eq!(column(&g, "v"), ids.iter().map(|&i| wv[i].clone()).collect::<Vec<_>>());
+            let agg = collect(&ctx, "SELECT m, count(*) AS c, sum(k) AS t FROM t GROUP BY m ORDER BY m").await;
+            let agg_want = collect(&one, &format!("SELECT m, count(*) AS c, sum(k) AS t FROM '{}' WHERE m <> 3 GROUP BY m ORDER BY m", src.display())).await;
+            assert_eq!((column(&agg, "c"), column(&agg, "t")), (column(&agg_want, "c"), column(&agg_want, "t")));
+        }
+
+        // Rust API: one source per stream over the parts; a batch spanning parts equals the
+        // one-partition root's.
+        let (a, b) = (Dataset::open(&parted).unwrap(), Dataset::open(&single).unwrap());
+        assert_eq!(a.parts().len(), 4);
+        assert_eq!((a.len(), b.len()), (expected_rows as u64, expected_rows as u64));
+        let alloc = Allocator::cpu(1 << 22);
+        let ids: Vec<u64> = (0..expected_rows as u64).rev().step_by(37).collect();
+        for (sa, sb) in a.streams().iter().zip(b.streams()) {
+            assert_eq!(sa.name, sb.name);
+            assert_eq!(sa.logical(), sb.logical());
+            let va = zrecord::store::SourceView::new(sa.source.clone(), &alloc).gather(&ids).unwrap();
+            let vb = zrecord::store::SourceView::new(sb.source.clone(), &alloc).gather(&ids).unwrap();
+            match (va, vb) {
+                (zrecord::store::Batch::Dense(x), zrecord::store::Batch::Dense(y)) => assert_eq!(x.as_bytes(), y.as_bytes()),
+                (zrecord::store::Batch::Ragged(x), zrecord::store::Batch::Ragged(y)) => {
+                    assert_eq!(x.values().as_bytes(), y.values().as_bytes());
+                    assert_eq!(x.cu_seqlens_slice(), y.cu_seqlens_slice());
+                    assert_eq!(x.shapes_slice(), y.shapes_slice());
+                }
+                _ => panic!("stream {} differs in kind", sa.name),
+            }
+        }
+
+        // An existing destination is refused before anything is written.
+        let e = four.sql(&copy(&parted)).await.unwrap().collect().await.unwrap_err();
+        assert!(matches!(zrecord_error(&e), Some(Error::AlreadyExists { .. })), "{e:?}");
+        // A failing part (a null in one partition) publishes nothing.
+        let bad = d.join("bad");
+        let q = format!("COPY (SELECT k, CASE WHEN k = 2900 THEN NULL ELSE m END AS m FROM '{}') TO '{}' STORED AS ZRECORD", src.display(), bad.display());
+        let e = four.sql(&q).await.unwrap().collect().await.unwrap_err();
+        assert!(e.to_string().contains("column 'm' has a null"), "{e}");
+        assert!(!bad.exists() && Dataset::open(&bad).is_err());
+
+        // A root whose parts disagree with its dataset.json does not open.
+        let broken = d.join("broken");
+        copy_dir(&parted, &broken);
+        let mut m2 = m.clone();
+        m2["parts"][1]["record_count"] = serde_json::json!(m2["parts"][1]["record_count"].as_u64().unwrap() + 1);
+        m2["record_count"] = serde_json::json!(m2["record_count"].as_u64().unwrap() + 1);
+        std::fs::write(broken.join("dataset.json"), serde_json::to_vec(&m2).unwrap()).unwrap();
+        assert!(matches!(Dataset::open(&broken), Err(Error::Corrupt { .. })));
+        m2 = m.clone();
+        m2["parts"][0]["path"] = serde_json::json!("../single");
+        std::fs::write(broken.join("dataset.json"), serde_json::to_vec(&m2).unwrap()).unwrap();
+        assert!(matches!(Dataset::open(&broken), Err(Error::Corrupt { .. })));
+    });
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}

@@ -127,3 +127,113 @@ fn sql_logic_tests() {
     }
     assert!(failures.is_empty(), "sqllogictest failures:\n{}", failures.join("\n\n"));
 }
+
+/// A Ballista cluster of separate processes on loopback: `zrec ballista scheduler` and
+/// executors, killed when dropped.
+struct Cluster {
+    children: Vec<std::process::Child>,
+    url: String,
+    _work: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Cluster {
+    fn start(executors: usize) -> Cluster {
+        let bin = env!("CARGO_BIN_EXE_zrec");
+        let work = tempfile::tempdir().unwrap();
+        let log = |name: &str| std::fs::File::create(work.path().join(name)).unwrap();
+        let port = free_port();
+        let mut children = vec![std::process::Command::new(bin)
+            .args(["ballista", "scheduler", "--bind", &format!("127.0.0.1:{port}")])
+            .stdout(log("scheduler.log"))
+            .stderr(log("scheduler.err"))
+            .spawn()
+            .unwrap()];
+        for i in 0..executors {
+            let shuffle = work.path().join(format!("executor-{i}"));
+            std::fs::create_dir_all(&shuffle).unwrap();
+            children.push(
+                std::process::Command::new(bin)
+                    .args(["ballista", "executor", "--scheduler", &format!("127.0.0.1:{port}"), "--concurrent-tasks", "2"])
+                    .args(["--port", &free_port().to_string(), "--grpc-port", &free_port().to_string()])
+                    .args(["--work-dir", &shuffle.to_string_lossy()])
+                    .stdout(log(&format!("executor-{i}.log")))
+                    .stderr(log(&format!("executor-{i}.err")))
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        Cluster { children, url: format!("df://127.0.0.1:{port}"), _work: work }
+    }
+
+    /// What the processes wrote (for a failing test's message).
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self._work.path()).unwrap().flatten() {
+            if e.path().is_file() {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                let tail: String = text.chars().rev().take(3000).collect::<Vec<_>>().into_iter().rev().collect();
+                out.push_str(&format!("--- {}\n{tail}\n", e.file_name().to_string_lossy()));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The SQL spec on a Ballista cluster (scheduler and 2 executors as separate processes): the
+/// same .slt files, so the same rows as single-node DataFusion. `loader.slt` (the loader runs
+/// in the client process) and `prepared.slt` (parameters bound in the client) stay local.
+#[test]
+fn sql_logic_tests_on_ballista() {
+    let fixtures = tempfile::tempdir().unwrap();
+    make_fixtures(fixtures.path());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let cluster = Cluster::start(2);
+    // Wait for the scheduler and its executors (a query waits for an executor to run on).
+    let ready = rt.block_on(async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let attempt = async {
+                let ctx = zrecord::query::ballista::remote_context(&cluster.url, 2).await?;
+                ctx.sql("SELECT 1").await?.collect().await
+            };
+            match tokio::time::timeout(std::time::Duration::from_secs(30), attempt).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) if std::time::Instant::now() > deadline => return Err(e.to_string()),
+                Err(_) if std::time::Instant::now() > deadline => return Err("timed out".to_string()),
+                _ => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
+            }
+        }
+    });
+    assert!(ready.is_ok(), "cluster did not start: {ready:?}\n{}", cluster.logs());
+    let mut failures = Vec::new();
+    for file in slt_files().iter().filter(|f| !f.ends_with("loader.slt") && !f.ends_with("prepared.slt")) {
+        let fx = fixtures.path().to_string_lossy().into_owned();
+        let url = cluster.url.clone();
+        let result = rt.block_on(async {
+            let mut runner = sqllogictest::Runner::new(move || {
+                let url = url.clone();
+                async move { Ok::<_, DataFusionError>(Db { ctx: zrecord::query::ballista::remote_context(&url, 2).await? }) }
+            });
+            runner.set_var("FIXTURES".into(), fx);
+            runner.add_label("ballista");
+            runner.run_file_async(file).await
+        });
+        if let Err(e) = result {
+            failures.push(format!("{}: {}", file.display(), e.display(false)));
+        }
+    }
+    assert!(failures.is_empty(), "sqllogictest failures on Ballista:\n{}\n{}", failures.join("\n\n"), cluster.logs());
+}

@@ -24,7 +24,6 @@ pub struct DatasetWriter {
 struct Column {
     name: String,
     layout: ColumnLayout,
-    folder: String,
     writer: Option<StreamWriter>,
 }
 
@@ -57,7 +56,7 @@ impl DatasetWriter {
             }
             let folder = folder_name(i, name);
             let sw = StreamWriter::create(&w.staging.path().join(&folder), layout, options.clone())?;
-            w.columns.push(Column { name: name.clone(), layout: layout.clone(), folder, writer: Some(sw) });
+            w.columns.push(Column { name: name.clone(), layout: layout.clone(), writer: Some(sw) });
         }
         Ok(w)
     }
@@ -111,10 +110,25 @@ impl DatasetWriter {
         self.staging.dest()
     }
 
+    /// The `dataset.json` entries of a root written with `columns` (folder names and logical
+    /// types as [`DatasetWriter::create`] lays them out).
+    pub fn stream_entries(columns: &[(String, ColumnLayout)]) -> Vec<StreamEntry> {
+        columns
+            .iter()
+            .enumerate()
+            .map(|(i, (name, layout))| {
+                let logical = match layout {
+                    ColumnLayout::Ragged { logical, .. } => *logical,
+                    ColumnLayout::Dense { .. } => Logical::Tensor,
+                };
+                StreamEntry { name: name.clone(), path: folder_name(i, name), logical }
+            })
+            .collect()
+    }
+
     /// Publish every stream, check the counts agree, write `dataset.json` and rename the root
     /// into place (never replacing an existing path).
     pub fn finish(mut self) -> Result<PathBuf> {
-        let mut entries = Vec::with_capacity(self.columns.len());
         let mut count = None;
         for c in &mut self.columns {
             let w = c.writer.take().ok_or(Error::Closed { what: "dataset writer" })?;
@@ -123,12 +137,9 @@ impl DatasetWriter {
                 return Err(Error::invalid("dataset", format!("column '{}' has {n} records, others {}", c.name, count.unwrap_or(0))));
             }
             w.finish()?;
-            let logical = match &c.layout {
-                ColumnLayout::Ragged { logical, .. } => *logical,
-                ColumnLayout::Dense { .. } => Logical::Tensor,
-            };
-            entries.push(StreamEntry { name: c.name.clone(), path: c.folder.clone(), logical });
         }
+        let columns: Vec<(String, ColumnLayout)> = self.columns.iter().map(|c| (c.name.clone(), c.layout.clone())).collect();
+        let entries = DatasetWriter::stream_entries(&columns);
         let mut manifest = DatasetManifest::new(count.unwrap_or(0), entries);
         manifest.metadata = self.metadata.take();
         // Every stream is published (and fsynced) inside the staging folder: publish the root.

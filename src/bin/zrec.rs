@@ -64,6 +64,19 @@ enum Command {
         /// Rows printed at most (0: all).
         #[arg(long, default_value_t = 100)]
         max_rows: usize,
+        /// Run the query on the Ballista cluster of this scheduler (HOST:PORT, as started by
+        /// `zrec ballista scheduler`): scans, filters, aggregates and COPY run on its executors.
+        #[arg(long, value_name = "HOST:PORT")]
+        ballista: Option<String>,
+        /// Partitions of scans and parts of a COPY (default: DataFusion's, the CPU count).
+        #[arg(long)]
+        partitions: Option<usize>,
+    },
+    /// Run a Ballista scheduler or executor that knows zrecord tables, scans and COPY (for
+    /// `zrec sql --ballista` and `SessionContext(ballista=...)`).
+    Ballista {
+        #[command(subcommand)]
+        role: BallistaRole,
     },
     /// Convert Parquet / Arrow IPC / CSV / JSON files (a file, a folder, a glob, or a Hugging
     /// Face `save_to_disk` folder) into a new dataset root, published atomically (Ctrl-C or an
@@ -115,6 +128,82 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         scale: f64,
     },
+}
+
+#[derive(Subcommand)]
+enum BallistaRole {
+    /// The scheduler: plans queries and hands their stages to executors.
+    Scheduler {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:50050")]
+        bind: std::net::SocketAddr,
+        /// Host name clients and executors reach it by (default: the bind address).
+        #[arg(long)]
+        external_host: Option<String>,
+    },
+    /// An executor: runs tasks the scheduler hands it.
+    Executor {
+        /// The scheduler, HOST:PORT.
+        #[arg(long, default_value = "127.0.0.1:50050")]
+        scheduler: String,
+        /// Host to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind_host: String,
+        /// Host name the scheduler and other executors reach it by (default: --bind-host).
+        #[arg(long)]
+        external_host: Option<String>,
+        /// Arrow Flight port (shuffle data).
+        #[arg(long, default_value_t = 50051)]
+        port: u16,
+        /// gRPC port (tasks).
+        #[arg(long, default_value_t = 50052)]
+        grpc_port: u16,
+        /// Tasks run at once (0: the CPU count).
+        #[arg(long, default_value_t = 0)]
+        concurrent_tasks: usize,
+        /// Folder for shuffle files (default: a temporary folder).
+        #[arg(long)]
+        work_dir: Option<String>,
+    },
+}
+
+/// Ballista's log lines on stderr, at the level `ZREC_LOG` names (error, warn, info, debug,
+/// trace; default warn).
+struct StderrLog(log::LevelFilter);
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= self.0
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("{} {} {}", r.level(), r.target(), r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn ballista(role: BallistaRole) -> Result<()> {
+    use zrecord::query::ballista::{run_executor, run_scheduler, ExecutorOptions, SchedulerOptions};
+    let level = std::env::var("ZREC_LOG").ok().and_then(|l| l.parse::<log::LevelFilter>().ok()).unwrap_or(log::LevelFilter::Warn);
+    if log::set_logger(Box::leak(Box::new(StderrLog(level)))).is_ok() {
+        log::set_max_level(level);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().map_err(|e| Error::invalid("runtime", e.to_string()))?;
+    rt.block_on(async {
+        match role {
+            BallistaRole::Scheduler { bind, external_host } => {
+                eprintln!("zrec ballista scheduler listening on {bind}");
+                run_scheduler(SchedulerOptions { bind, external_host }).await
+            }
+            BallistaRole::Executor { scheduler, bind_host, external_host, port, grpc_port, concurrent_tasks, work_dir } => {
+                eprintln!("zrec ballista executor on {bind_host}:{port} (gRPC {grpc_port}) for scheduler {scheduler}");
+                run_executor(ExecutorOptions { bind_host, external_host, port, grpc_port, scheduler, concurrent_tasks, work_dir }).await
+            }
+        }
+    })
 }
 
 fn human(b: u64) -> String {
@@ -317,6 +406,13 @@ fn verify(path: PathBuf, quiet: bool) -> Result<u64> {
     if !zrecord::store::is_store(&path)? {
         let ds = Dataset::open(&path)?;
         let mut total = 0;
+        if !ds.parts().is_empty() {
+            // A multi-part root: every part is a root of its own.
+            for p in ds.parts() {
+                total += verify(path.join(&p.path), quiet)?;
+            }
+            return Ok(total);
+        }
         for st in ds.streams() {
             let store = st.store().ok_or_else(|| Error::invalid("verify", format!("stream '{}' is not a local store", st.name)))?;
             total += verify(store.path().to_path_buf(), quiet)?;
@@ -421,10 +517,24 @@ fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
     Ok(())
 }
 
-fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize) -> std::result::Result<(), String> {
+struct SqlArgs {
+    ballista: Option<String>,
+    partitions: Option<usize>,
+}
+
+fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize, args: SqlArgs) -> std::result::Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let ctx = zrecord_context();
+        if args.partitions == Some(0) {
+            return Err("--partitions must be at least 1".to_string());
+        }
+        let ctx = match &args.ballista {
+            Some(url) => zrecord::query::ballista::remote_context(url, args.partitions.unwrap_or(0)).await.map_err(|e| format!("--ballista {url}: {e}"))?,
+            None => match args.partitions {
+                Some(p) => zrecord::query::zrecord_context_with_config(datafusion::prelude::SessionConfig::new().with_target_partitions(p)),
+                None => zrecord_context(),
+            },
+        };
         for t in tables {
             let (name, path) = t.split_once('=').ok_or_else(|| format!("--table '{t}': expected NAME=PATH"))?;
             ctx.register_zrecord(name, path).map_err(|e| format!("--table {name}: {e}"))?;
@@ -454,7 +564,7 @@ fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize)
             eprintln!("{rows} rows written to {}", out.display());
             return Ok(());
         }
-        let batches = if matches!(df.logical_plan(), datafusion::logical_expr::LogicalPlan::Copy(_)) {
+        let batches = if args.ballista.is_none() && matches!(df.logical_plan(), datafusion::logical_expr::LogicalPlan::Copy(_)) {
             copy_with_progress(df).await?
         } else {
             df.collect().await.map_err(|e| e.to_string())?
@@ -633,8 +743,9 @@ fn main() -> ExitCode {
         Command::Convert { source, root, codec, level, data_shards, columns, train_dict_size, decode_images, image_mode, resize, allow_empty, quiet } => {
             convert(ConvertArgs { source, root, codec, level, data_shards, columns, train_dict_size, decode_images, image_mode, resize, allow_empty, quiet })
         }
-        Command::Sql { query, tables, output, max_rows } => {
-            return match sql(&query, &tables, output, max_rows) {
+        Command::Ballista { role } => ballista(role),
+        Command::Sql { query, tables, output, max_rows, ballista, partitions } => {
+            return match sql(&query, &tables, output, max_rows, SqlArgs { ballista, partitions }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -57,8 +57,22 @@ pub struct PySessionContext {
 #[pymethods]
 impl PySessionContext {
     #[new]
-    #[pyo3(signature = (target_partitions = None, batch_size = None))]
-    fn new(target_partitions: Option<usize>, batch_size: Option<usize>) -> PyResult<Self> {
+    #[pyo3(signature = (target_partitions = None, batch_size = None, ballista = None))]
+    fn new(py: Python<'_>, target_partitions: Option<usize>, batch_size: Option<usize>, ballista: Option<String>) -> PyResult<Self> {
+        if let Some(url) = ballista {
+            // Queries run on the Ballista cluster of this scheduler (`zrec ballista scheduler`).
+            if target_partitions == Some(0) || batch_size == Some(0) {
+                return Err(PyValueError::new_err("target_partitions and batch_size must be at least 1"));
+            }
+            let tp = target_partitions.unwrap_or(0);
+            let ctx = py
+                .detach(move || crate::store::object::block(async move { crate::query::ballista::remote_context(&url, tp).await }))
+                .map_err(df_to_py)?;
+            if let Some(b) = batch_size {
+                ctx.state_ref().write().config_mut().options_mut().execution.batch_size = b;
+            }
+            return Ok(PySessionContext { ctx, cache: Arc::new(PlanCache::default()) });
+        }
         let mut config = SessionConfig::new();
         if let Some(p) = target_partitions {
             if p == 0 {

@@ -170,10 +170,28 @@ pub fn info_batch(table: &ZrecordTable) -> Result<RecordBatch> {
     let mut cols: [Vec<String>; 7] = Default::default();
     let (mut records, mut shards, mut raw, mut stored, mut files, mut ratio, mut level) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut paths: Vec<String> = vec![];
-    for s in ds.streams() {
-        let store = s.store();
+    // A multi-part root: each stream's statistics are its parts' together.
+    let mut parts: Vec<crate::store::Dataset> = Vec::new();
+    for p in ds.parts() {
+        parts.push(crate::store::Dataset::open(ds.path().join(&p.path))?);
+    }
+    for (k, s) in ds.streams().iter().enumerate() {
+        let part_stores: Vec<crate::store::Store> = parts.iter().filter_map(|d| d.streams().get(k).and_then(|p| p.store())).collect();
+        let store = s.store().or_else(|| part_stores.first().cloned());
+        let summed = (!part_stores.is_empty()).then(|| {
+            let mut st = part_stores[0].stats();
+            for x in &part_stores[1..] {
+                let o = x.stats();
+                st.record_count += o.record_count;
+                st.raw_bytes += o.raw_bytes;
+                st.stored_bytes += o.stored_bytes;
+                st.file_bytes += o.file_bytes;
+                st.data_shards += o.data_shards;
+            }
+            st
+        });
         // Sources that are not local stores have no file statistics: zeros, codec "-".
-        let st = store.as_ref().map(|x| x.stats()).unwrap_or(crate::store::StoreStats {
+        let st = summed.or_else(|| store.as_ref().map(|x| x.stats())).unwrap_or(crate::store::StoreStats {
             record_count: s.source.len(),
             raw_bytes: 0,
             stored_bytes: 0,
@@ -205,7 +223,7 @@ pub fn info_batch(table: &ZrecordTable) -> Result<RecordBatch> {
         files.push(st.file_bytes);
         ratio.push(st.compression_ratio());
         level.push(st.level);
-        paths.push(store.map(|x| x.path().display().to_string()).unwrap_or_else(|| s.source.name()));
+        paths.push(if parts.is_empty() { store.map(|x| x.path().display().to_string()).unwrap_or_else(|| s.source.name()) } else { format!("{} ({} parts)", s.source.name(), parts.len()) });
     }
     let str_col = |v: &Vec<String>| Arc::new(StringArray::from(v.clone())) as ArrayRef;
     let names = ["stream", "kind", "dtype", "shape", "logical", "codec", "arrow_type"];

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::arrow::DatasetWriter;
 use crate::query::table::{ZrecordTable, ID_COLUMN};
 use crate::query::df_err;
+use crate::query::parts::{parts_plan, split_scan, PartsTarget};
 use crate::store::{Codec, WriterOptions};
 
 /// Writer options from `COPY ... OPTIONS (codec 'zstd', level '3', data_shards '4',
@@ -82,12 +83,59 @@ pub fn plan_columns(schema: &arrow_schema::Schema) -> Result<Vec<(String, Column
 #[derive(Debug, Default)]
 pub struct ZrecordFormatFactory {
     ext: &'static str,
+    /// COPY options carried by the factory itself (see [`CopyOptionsInFormat`]); the options a
+    /// statement passes to `create` come on top.
+    options: Vec<(String, String)>,
 }
 
 impl ZrecordFormatFactory {
     /// The factory for one extension (`zrecord` or `zrec`).
     pub fn new(ext: &'static str) -> Self {
-        ZrecordFormatFactory { ext }
+        ZrecordFormatFactory { ext, options: Vec::new() }
+    }
+
+    /// The factory with COPY options of its own (sorted by key).
+    pub fn with_options(ext: &'static str, mut options: Vec<(String, String)>) -> Self {
+        options.sort();
+        ZrecordFormatFactory { ext, options }
+    }
+
+    /// The COPY options the factory carries.
+    pub fn options(&self) -> &[(String, String)] {
+        &self.options
+    }
+}
+
+/// Analyzer rule: a `COPY ... STORED AS ZRECORD OPTIONS (...)` plan carries its options in its
+/// file format too. DataFusion's plan serialization (Ballista's client to scheduler) keeps the
+/// file format but drops a COPY's options; this way a distributed COPY writes with the codec
+/// and level asked for.
+#[derive(Debug, Default)]
+pub struct CopyOptionsInFormat;
+
+impl datafusion::optimizer::AnalyzerRule for CopyOptionsInFormat {
+    fn analyze(&self, plan: datafusion::logical_expr::LogicalPlan, _config: &datafusion::config::ConfigOptions) -> DfResult<datafusion::logical_expr::LogicalPlan> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::datasource::file_format::format_as_file_type;
+        use datafusion::logical_expr::{dml::CopyTo, LogicalPlan};
+        plan.transform_up(|p| {
+            let LogicalPlan::Copy(c) = &p else { return Ok(Transformed::no(p)) };
+            let Some(f) = c.file_type.as_any().downcast_ref::<datafusion::datasource::file_format::DefaultFileType>() else { return Ok(Transformed::no(p)) };
+            let Some(z) = f.as_format_factory().downcast_ref::<ZrecordFormatFactory>() else { return Ok(Transformed::no(p)) };
+            if c.options.is_empty() {
+                return Ok(Transformed::no(p));
+            }
+            let mut merged: HashMap<String, String> = z.options.iter().cloned().collect();
+            merged.extend(c.options.iter().map(|(k, v)| (k.clone(), v.clone())));
+            let factory = Arc::new(ZrecordFormatFactory::with_options(z.ext, merged.into_iter().collect()));
+            let copy = CopyTo::new(c.input.clone(), c.output_url.clone(), c.partition_by.clone(), format_as_file_type(factory), HashMap::new());
+            Ok(Transformed::yes(LogicalPlan::Copy(copy)))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "zrecord_copy_options_in_format"
     }
 }
 
@@ -99,7 +147,9 @@ impl GetExt for ZrecordFormatFactory {
 
 impl FileFormatFactory for ZrecordFormatFactory {
     fn create(&self, _state: &dyn Session, format_options: &HashMap<String, String>) -> DfResult<Arc<dyn FileFormat>> {
-        Ok(Arc::new(ZrecordFormat { options: writer_options(format_options)? }))
+        let mut all: HashMap<String, String> = self.options.iter().map(|(k, v)| (k.trim_start_matches("format.").to_string(), v.clone())).collect();
+        all.extend(format_options.iter().map(|(k, v)| (k.trim_start_matches("format.").to_string(), v.clone())));
+        Ok(Arc::new(ZrecordFormat { options: writer_options(&all)? }))
     }
 
     fn default(&self) -> Arc<dyn FileFormat> {
@@ -149,7 +199,7 @@ impl FileFormat for ZrecordFormat {
     async fn create_writer_physical_plan(
         &self,
         input: Arc<dyn ExecutionPlan>,
-        _state: &dyn Session,
+        state: &dyn Session,
         conf: FileSinkConfig,
         _order: Option<LexRequirement>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
@@ -159,8 +209,22 @@ impl FileFormat for ZrecordFormat {
         let schema = input.schema();
         let columns = plan_columns(&schema)?;
         let path = local_path(&conf.original_url)?;
-        if !crate::store::object::is_url(&path) && std::fs::symlink_metadata(&path).is_ok() {
+        if crate::store::object::is_url(&path) {
+            let remote = crate::store::object::connect(path.to_str().unwrap_or_default().trim_end_matches('/'))?;
+            for name in [crate::store::format::MANIFEST, crate::store::dataset::DATASET_FILE] {
+                if remote.exists(name)? {
+                    return Err(Error::AlreadyExists { path }.into());
+                }
+            }
+        } else if std::fs::symlink_metadata(&path).is_ok() {
             return Err(Error::AlreadyExists { path }.into());
+        }
+        // A partitioned input (or one large file, split by byte range) is written one part per
+        // partition, in parallel, and committed once; one partition is a plain root.
+        let target = state.config_options().execution.target_partitions;
+        let input = if target > 1 { split_scan(input, target, state.config_options())? } else { input };
+        if input.properties().partitioning.partition_count() > 1 {
+            return parts_plan(input, PartsTarget::new(path, self.options.clone()));
         }
         let sink = ZrecordSink { path, columns, options: self.options.clone(), schema: conf.output_schema.clone() };
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
@@ -300,4 +364,46 @@ impl TableProviderFactory for ZrecordTableFactory {
         let table = ZrecordTable::open(&path)?;
         Ok(Arc::new(table))
     }
+}
+
+/// Writer options as they travel to another process (Ballista executors).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct OptionsSpec {
+    codec: String,
+    level: i32,
+    data_shards: usize,
+    dictionary: Option<Vec<u8>>,
+}
+
+impl OptionsSpec {
+    pub(crate) fn of(o: &WriterOptions) -> OptionsSpec {
+        OptionsSpec { codec: o.codec.name().to_string(), level: o.level, data_shards: o.data_shards, dictionary: o.dictionary.clone() }
+    }
+
+    pub(crate) fn to_options(&self) -> Result<WriterOptions> {
+        Ok(WriterOptions { codec: self.codec.parse::<Codec>()?, level: self.level, data_shards: self.data_shards, dictionary: self.dictionary.clone(), ..WriterOptions::default() })
+    }
+}
+
+/// A single-partition COPY's sink as it travels to another process.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SinkSpec {
+    path: String,
+    options: OptionsSpec,
+}
+
+/// The spec of `plan` if it is a `DataSinkExec` writing a zrecord root.
+pub(crate) fn sink_spec(plan: &Arc<dyn ExecutionPlan>) -> Option<SinkSpec> {
+    let exec = plan.downcast_ref::<DataSinkExec>()?;
+    let sink: &dyn std::any::Any = exec.sink();
+    let sink = sink.downcast_ref::<ZrecordSink>()?;
+    Some(SinkSpec { path: sink.path.to_string_lossy().into_owned(), options: OptionsSpec::of(&sink.options) })
+}
+
+/// The `DataSinkExec` a [`SinkSpec`] describes, over `input` (its columns are checked again).
+pub(crate) fn sink_from_spec(spec: &SinkSpec, input: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let schema = input.schema();
+    let columns = plan_columns(&schema)?;
+    let sink = ZrecordSink { path: std::path::PathBuf::from(&spec.path), columns, options: spec.options.to_options()?, schema: schema.clone() };
+    Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
 }

@@ -371,3 +371,113 @@ impl ExecutionPlan for ZrecordScanExec {
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
     }
 }
+
+/// Ids of a scan as they travel to another process (Ballista executors).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) enum SelectionSpec {
+    /// Ascending id ranges `[start, end)`.
+    Ranges(Vec<(u64, u64)>),
+    /// Explicit ids in order.
+    List(Vec<u64>),
+}
+
+impl SelectionSpec {
+    fn of(s: &Selection) -> SelectionSpec {
+        match s {
+            Selection::Set(set) => SelectionSpec::Ranges(set.ranges().iter().map(|r| (r.start, r.end)).collect()),
+            Selection::List(l) => SelectionSpec::List(l.to_vec()),
+        }
+    }
+
+    fn to_selection(&self, n: u64, what: &str) -> Result<Selection> {
+        let bad = |id: u64| Error::IndexOutOfRange { index: id as i128, len: n, store: what.into() };
+        match self {
+            SelectionSpec::Ranges(r) => {
+                if let Some(&(a, b)) = r.iter().find(|(a, b)| a > b || *b > n) {
+                    return Err(bad(a.max(b.saturating_sub(1))));
+                }
+                Ok(Selection::Set(IdSet::from_ranges(r.iter().map(|&(a, b)| a..b).collect())))
+            }
+            SelectionSpec::List(l) => match l.iter().find(|&&i| i >= n) {
+                Some(&i) => Err(bad(i)),
+                None => Ok(Selection::List(Arc::new(l.clone()))),
+            },
+        }
+    }
+}
+
+/// A [`ZrecordTable`] as it travels to another process: where its dataset is and the gather
+/// order, if any. Only tables opened from a path (or URL) can travel.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TableSpec {
+    pub(crate) path: String,
+    pub(crate) records: u64,
+    pub(crate) order: Option<Vec<u64>>,
+}
+
+impl ZrecordTable {
+    /// What another process needs to open this table again.
+    pub(crate) fn spec(&self) -> Result<TableSpec> {
+        let path = self.dataset.path().to_string_lossy().into_owned();
+        if path.is_empty() || !self.dataset.is_opened() {
+            return Err(Error::invalid("table", "a table assembled in memory (no path) cannot be sent to other processes"));
+        }
+        Ok(TableSpec { path, records: self.dataset.len(), order: self.order.as_ref().map(|o| o.to_vec()) })
+    }
+
+    /// Open the table `spec` describes; the dataset must still hold the records it held.
+    pub(crate) fn from_spec(spec: &TableSpec) -> Result<ZrecordTable> {
+        let t = ZrecordTable::open(&spec.path)?;
+        if t.dataset.len() != spec.records {
+            return Err(Error::invalid(
+                "table",
+                format!("{} holds {} records here but {} where the query was planned", spec.path, t.dataset.len(), spec.records),
+            ));
+        }
+        match &spec.order {
+            Some(o) => t.gather(o.clone()),
+            None => Ok(t),
+        }
+    }
+}
+
+/// A [`ZrecordScanExec`] as it travels to another process.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ScanSpec {
+    table: TableSpec,
+    projection: Vec<usize>,
+    selection: SelectionSpec,
+    partitions: Vec<SelectionSpec>,
+    limit: Option<usize>,
+    batch_size: usize,
+}
+
+impl ZrecordScanExec {
+    /// What another process needs to run this scan (parameters must be bound first).
+    pub(crate) fn spec(&self) -> Result<ScanSpec> {
+        if self.params.is_some() {
+            return Err(Error::invalid("parameters", "a scan with unbound statement parameters cannot be sent to other processes"));
+        }
+        Ok(ScanSpec {
+            table: self.table.spec()?,
+            projection: self.projection.clone(),
+            selection: SelectionSpec::of(&self.selection),
+            partitions: self.partitions.iter().map(SelectionSpec::of).collect(),
+            limit: self.limit,
+            batch_size: self.batch_size,
+        })
+    }
+
+    /// The scan `spec` describes, over its table opened here.
+    pub(crate) fn from_spec(spec: &ScanSpec) -> DfResult<ZrecordScanExec> {
+        let table = ZrecordTable::from_spec(&spec.table)?;
+        let n = table.dataset.len();
+        let width = table.schema.fields().len();
+        if let Some(&c) = spec.projection.iter().find(|&&c| c >= width) {
+            return Err(Error::invalid("projection", format!("column {c} of a table of {width}")).into());
+        }
+        let selection = spec.selection.to_selection(n, &spec.table.path)?;
+        let partitions = spec.partitions.iter().map(|p| p.to_selection(n, &spec.table.path)).collect::<Result<Vec<_>>>()?;
+        ZrecordScanExec::new(table, spec.projection.clone(), selection, partitions, spec.limit, spec.batch_size, None)
+    }
+}

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::store::bytes::Location;
+use crate::store::concat::ConcatSource;
 use crate::store::source::with_logical;
 use crate::store::{format, Layout, Logical, RecordSource, Store};
 
@@ -23,8 +24,11 @@ use crate::store::{format, Layout, Logical, RecordSource, Store};
 pub const DATASET_FILE: &str = "dataset.json";
 /// `format` of `dataset.json`.
 pub const DATASET_FORMAT: &str = "zrecord-dataset";
-/// `version` of `dataset.json`.
+/// `version` of `dataset.json` (a root of one part: its streams are stores directly below it).
 pub const DATASET_VERSION: u32 = 1;
+/// `version` of a multi-part root's `dataset.json`: its `parts` are roots of their own, read
+/// one after another (ids global); readers of version 1 refuse it rather than misread it.
+pub const DATASET_VERSION_PARTS: u32 = 2;
 
 /// `dataset.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -41,12 +45,33 @@ pub struct DatasetManifest {
     /// features and class-label names, ...). Absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
+    /// Multi-part roots (version 2): the parts in id order, each a dataset root (folder
+    /// relative to this one) holding every stream at the `path` its entry here names. Empty for
+    /// a root of one part.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<PartEntry>,
+}
+
+/// One part of a multi-part root.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartEntry {
+    /// Folder of the part (a dataset root), relative to the root.
+    pub path: String,
+    /// Records in the part.
+    pub record_count: u64,
 }
 
 impl DatasetManifest {
     /// A manifest of the current version.
     pub fn new(record_count: u64, streams: Vec<StreamEntry>) -> DatasetManifest {
-        DatasetManifest { format: DATASET_FORMAT.into(), version: DATASET_VERSION, record_count, streams, metadata: None }
+        DatasetManifest { format: DATASET_FORMAT.into(), version: DATASET_VERSION, record_count, streams, metadata: None, parts: Vec::new() }
+    }
+
+    /// The manifest of a multi-part root: `streams` as every part holds them, `parts` in id
+    /// order.
+    pub fn with_parts(streams: Vec<StreamEntry>, parts: Vec<PartEntry>) -> DatasetManifest {
+        let record_count = parts.iter().map(|p| p.record_count).sum();
+        DatasetManifest { format: DATASET_FORMAT.into(), version: DATASET_VERSION_PARTS, record_count, streams, metadata: None, parts }
     }
 
     /// The JSON bytes written to `dataset.json`.
@@ -131,6 +156,9 @@ pub struct Dataset {
     streams: Vec<Stream>,
     len: u64,
     metadata: Option<serde_json::Value>,
+    parts: Vec<PartEntry>,
+    /// Opened from `path` (which opens it again elsewhere), not assembled from sources.
+    opened: bool,
 }
 
 /// The column name of a single store: its folder name without extension.
@@ -141,7 +169,12 @@ fn store_column_name(path: &Path) -> String {
 impl Dataset {
     /// Open a store (one stream named after its folder, extension dropped) or a dataset root.
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
-        let path = path.as_ref();
+        let mut d = Dataset::open_at(path.as_ref())?;
+        d.opened = true;
+        Ok(d)
+    }
+
+    fn open_at(path: &Path) -> Result<Dataset> {
         if crate::store::object::is_url(path) {
             return Dataset::open_remote(path);
         }
@@ -182,7 +215,7 @@ impl Dataset {
         let store = Store::open(path)?;
         let len = store.len();
         let stream = Stream::of_store(store_column_name(path), &store);
-        Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None })
+        Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None, parts: Vec::new(), opened: false })
     }
 
     fn found(path: &Path, streams: Vec<Stream>) -> Result<Dataset> {
@@ -223,32 +256,47 @@ impl Dataset {
         if m.format != DATASET_FORMAT {
             return Err(Error::corrupt(&meta, format!("format is '{}', not '{DATASET_FORMAT}'", m.format)));
         }
-        if m.version != DATASET_VERSION {
-            return Err(Error::UnsupportedVersion { path: meta, found: m.version, supported: DATASET_VERSION });
+        match (m.version, m.parts.is_empty()) {
+            (DATASET_VERSION, true) | (DATASET_VERSION_PARTS, false) => {}
+            (DATASET_VERSION, false) => return Err(Error::corrupt(&meta, "a version-1 dataset lists parts")),
+            (DATASET_VERSION_PARTS, true) => return Err(Error::corrupt(&meta, "a version-2 (multi-part) dataset lists no parts")),
+            (v, _) => return Err(Error::UnsupportedVersion { path: meta, found: v, supported: DATASET_VERSION_PARTS }),
         }
-        let metadata = m.metadata;
+        let leaves = |p: &str| p.is_empty() || p.contains("..") || p.starts_with('/') || p.contains("://");
         for e in &m.streams {
-            if e.path.contains("..") || e.path.starts_with('/') || e.path.contains("://") {
+            if leaves(&e.path) {
                 return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
             }
         }
+        for p in &m.parts {
+            if leaves(&p.path) {
+                return Err(Error::corrupt(&meta, format!("part path '{}' leaves the root", p.path)));
+            }
+        }
+        let total: Option<u64> = m.parts.iter().try_fold(0u64, |a, p| a.checked_add(p.record_count));
+        if !m.parts.is_empty() && total != Some(m.record_count) {
+            return Err(Error::corrupt(&meta, format!("parts hold {total:?} records, record_count says {}", m.record_count)));
+        }
+        // One store per (part, stream); a root of one part is its own single part.
+        let prefixes: Vec<String> = if m.parts.is_empty() { vec![String::new()] } else { m.parts.iter().map(|p| format!("{}/", p.path.trim_end_matches('/'))).collect() };
+        let jobs: Vec<(&StreamEntry, String)> = prefixes.iter().flat_map(|pre| m.streams.iter().map(move |e| (e, format!("{pre}{}", e.path)))).collect();
         // On an object store the stream stores open in parallel (each open waits for a few
         // round trips), on threads of their own: a rayon pool would hang in a forked child,
         // where its threads do not exist. The first error in stream order wins.
-        let stores: Vec<Result<Store>> = if crate::store::object::is_url(path) && m.streams.len() > 1 {
+        let stores: Vec<Result<Store>> = if crate::store::object::is_url(path) && jobs.len() > 1 {
             std::thread::scope(|scope| {
                 let open = &open;
-                let handles: Vec<_> = m.streams.iter().map(|e| scope.spawn(move || open(&e.name, &e.path))).collect();
+                let handles: Vec<_> = jobs.iter().map(|(e, rel)| scope.spawn(move || open(&e.name, rel))).collect();
                 handles
                     .into_iter()
                     .map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("dataset", "opening a stream panicked"))))
                     .collect()
             })
         } else {
-            m.streams.iter().map(|e| open(&e.name, &e.path)).collect()
+            jobs.iter().map(|(e, rel)| open(&e.name, rel)).collect()
         };
-        let mut streams = Vec::with_capacity(m.streams.len());
-        for (e, store) in m.streams.into_iter().zip(stores) {
+        let mut sources: Vec<Vec<Arc<dyn RecordSource>>> = (0..m.streams.len()).map(|_| Vec::new()).collect();
+        for (k, ((e, _), store)) in jobs.iter().zip(stores).enumerate() {
             let store = store?;
             // Version-1 stores know no logical type: dataset.json says it. A version-2
             // store records its own, which must agree.
@@ -257,13 +305,28 @@ impl Dataset {
                 (a, b) if a == b => a,
                 (a, b) => return Err(Error::corrupt(&meta, format!("stream '{}' is marked {a} but its store says {b}", e.name))),
             };
+            if let Some(part) = m.parts.get(k / m.streams.len().max(1)) {
+                if store.len() != part.record_count {
+                    return Err(Error::corrupt(&meta, format!("stream '{}' of part '{}' has {} records, the part {}", e.name, part.path, store.len(), part.record_count)));
+                }
+            }
             let source = with_logical(store.source(), logical).map_err(|_| {
                 Error::corrupt(&meta, format!("stream '{}' is marked {} but is not a uint8 ndim-1 ragged store", e.name, logical.name()))
             })?;
+            sources[k % m.streams.len().max(1)].push(source);
+        }
+        let mut streams = Vec::with_capacity(m.streams.len());
+        for (e, mut parts) in m.streams.into_iter().zip(sources) {
+            let source: Arc<dyn RecordSource> = if parts.len() == 1 {
+                parts.remove(0)
+            } else {
+                Arc::new(ConcatSource::new(format!("{}/{}", path.display(), e.name), parts).map_err(|err| Error::corrupt(&meta, err.to_string()))?)
+            };
             streams.push(Stream::new(e.name, source));
         }
         let mut d = Dataset::found(path, streams)?;
-        d.metadata = metadata;
+        d.metadata = m.metadata;
+        d.parts = m.parts;
         Ok(d)
     }
 
@@ -287,7 +350,7 @@ impl Dataset {
                 return Err(Error::invalid("stream", format!("stream '{}' is {} but its records are not uint8 ndim-1 ragged", s.name, s.logical())));
             }
         }
-        Ok(Dataset { path, streams, len, metadata: None })
+        Ok(Dataset { path, streams, len, metadata: None, parts: Vec::new(), opened: false })
     }
 
     /// Where it was opened from.
@@ -313,6 +376,17 @@ impl Dataset {
     /// True when there are no records.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// True when the dataset was opened from [`Dataset::path`] (so another process can open the
+    /// same records there), false when assembled from sources.
+    pub fn is_opened(&self) -> bool {
+        self.opened
+    }
+
+    /// The parts of a multi-part root, in id order (empty for a root of one part).
+    pub fn parts(&self) -> &[PartEntry] {
+        &self.parts
     }
 }
 

@@ -89,18 +89,31 @@ impl Staging {
             crate::store::object::upload_published(&self.tmp, &remote, manifest_name, manifest)?;
             return Ok(self.dest.clone());
         }
-        let mpath = self.tmp.join(manifest_name);
-        {
-            let mut f = File::create_new(&mpath).map_err(|e| Error::io(&mpath, e))?;
-            f.write_all(manifest).map_err(|e| Error::io(&mpath, e))?;
-            f.sync_all().map_err(|e| Error::io(&mpath, e))?;
-        }
-        sync_dir(&self.tmp)?;
-        rename_noreplace(&self.tmp, &self.dest)?;
+        publish_folder(&self.tmp, &self.dest, manifest_name, manifest)?;
         self.published = true;
-        sync_dir(&parent_of(&self.dest))?;
         Ok(self.dest.clone())
     }
+}
+
+/// Publish the local folder `tmp` (every file in it already fsynced) as `dest`: write
+/// `manifest` as `manifest_name` (create-only, fsynced), fsync the folder, rename it into place
+/// without replacing anything, fsync the parent. Also what a multi-part COPY commits with.
+pub fn publish_folder(tmp: &Path, dest: &Path, manifest_name: &str, manifest: &[u8]) -> Result<()> {
+    let mpath = tmp.join(manifest_name);
+    {
+        let mut f = File::create_new(&mpath).map_err(|e| Error::io(&mpath, e))?;
+        f.write_all(manifest).map_err(|e| Error::io(&mpath, e))?;
+        f.sync_all().map_err(|e| Error::io(&mpath, e))?;
+    }
+    sync_dir(tmp)?;
+    if let Err(e) = rename_noreplace(tmp, dest) {
+        // Not published: the manifest must not stay behind in a folder that could be renamed
+        // into place by hand.
+        let _ = fs::remove_file(&mpath);
+        return Err(e);
+    }
+    sync_dir(&parent_of(dest))?;
+    Ok(())
 }
 
 /// An unpublished staging folder left by a writer that did not finish (killed, crashed, or

@@ -1,0 +1,388 @@
+//! Distributed SQL on Apache Ballista: codecs that ship zrecord tables, scans, `gather()` and
+//! `COPY ... STORED AS ZRECORD` to a scheduler and its executors, and the scheduler and executor
+//! processes that know them (`zrec ballista scheduler|executor`).
+//!
+//! The client plans a statement with the zrecord extension (`FROM 'root'`, tables, `gather()`,
+//! the text functions), Ballista sends the logical plan to the scheduler, which plans it
+//! physically (a partitioned COPY becomes part writers plus one commit, see
+//! [`crate::query::ZrecordPartsExec`]) and sends each stage to executors. A zrecord table travels
+//! as its path (or URL), record count and gather order; a scan as its table, projection and id
+//! partitions; the COPY nodes as their destination and writer options. Every process opens the
+//! stores itself, so paths must mean the same on every host (a shared folder or an object-store
+//! URL). Everything else (Parquet scans, filters, aggregates, shuffles) is Ballista's own.
+//!
+//! ```no_run
+//! # async fn demo() -> datafusion::error::Result<()> {
+//! // with `zrec ballista scheduler` and `zrec ballista executor` running:
+//! let ctx = zrecord::query::ballista::remote_context("df://127.0.0.1:50050", 4).await?;
+//! ctx.sql("COPY (SELECT * FROM 'train.parquet') TO '/shared/train' STORED AS ZRECORD").await?.collect().await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ballista::prelude::SessionContextExt as BallistaContextExt;
+use ballista_core::extension::SessionConfigExt;
+use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
+use datafusion::common::{Result as DfResult, TableReference};
+use datafusion::datasource::file_format::FileFormatFactory;
+use datafusion::datasource::{MemTable, TableProvider};
+use datafusion::execution::{SessionState, TaskContext};
+use datafusion::logical_expr::{Extension, LogicalPlan, ScalarUDF};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_proto::logical_plan::LogicalExtensionCodec;
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::query::parts::{PartsSpec, ZrecordCommitExec, ZrecordPartsExec};
+use crate::query::sink::{sink_from_spec, sink_spec, SinkSpec};
+use crate::query::table::{ScanSpec, TableSpec, ZrecordScanExec, ZrecordTable};
+use crate::query::ZrecordFormatFactory;
+
+/// Starts every payload of ours: a zero byte is never the start of a protobuf message (field
+/// number 0 is invalid), so nothing of Ballista's or DataFusion's is mistaken for ours.
+const MAGIC: &[u8] = b"\0zrecord1";
+
+/// What one of our payloads holds.
+#[derive(Serialize, Deserialize)]
+enum Node {
+    Table(TableSpec),
+    Format { ext: String, options: Vec<(String, String)> },
+    Scan(ScanSpec),
+    Sink(SinkSpec),
+    Parts(PartsSpec),
+    Commit(PartsSpec),
+}
+
+/// After [`MAGIC`]: a JSON [`Node`], or an in-memory table as Arrow IPC (one stream per
+/// partition, each prefixed by its length).
+const JSON: u8 = b'J';
+const MEMORY: u8 = b'M';
+
+fn encode(node: &Node, buf: &mut Vec<u8>) -> DfResult<()> {
+    buf.extend_from_slice(MAGIC);
+    buf.push(JSON);
+    serde_json::to_writer(buf, node).map_err(|e| Error::invalid("plan", format!("encoding a zrecord plan node: {e}")))?;
+    Ok(())
+}
+
+/// Our node in `buf`, or `None` when the payload is someone else's (or an in-memory table).
+fn decode(buf: &[u8]) -> DfResult<Option<Node>> {
+    match buf.strip_prefix(MAGIC).and_then(|b| b.split_first()) {
+        Some((&JSON, body)) => Ok(Some(serde_json::from_slice(body).map_err(|e| Error::invalid("plan", format!("decoding a zrecord plan node: {e}")))?)),
+        _ => Ok(None),
+    }
+}
+
+/// An in-memory table (`zrecord_info()`, `CREATE TABLE ... AS VALUES`, registered Arrow data)
+/// as Arrow IPC streams, one per partition.
+fn encode_memory(t: &MemTable, buf: &mut Vec<u8>) -> DfResult<()> {
+    buf.extend_from_slice(MAGIC);
+    buf.push(MEMORY);
+    for part in &t.batches {
+        let batches = part.try_read().map_err(|_| Error::invalid("table", "an in-memory table is being written while the query is planned"))?;
+        let mut ipc = Vec::new();
+        {
+            let mut w = arrow_ipc::writer::StreamWriter::try_new(&mut ipc, &t.schema())?;
+            for b in batches.iter() {
+                w.write(b)?;
+            }
+            w.finish()?;
+        }
+        buf.extend_from_slice(&(ipc.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&ipc);
+    }
+    Ok(())
+}
+
+/// The in-memory table in `buf`, if that is what it holds.
+fn decode_memory(buf: &[u8], schema: arrow_schema::SchemaRef) -> DfResult<Option<MemTable>> {
+    let Some((&MEMORY, mut body)) = buf.strip_prefix(MAGIC).and_then(|b| b.split_first()) else { return Ok(None) };
+    let mut partitions = Vec::new();
+    while !body.is_empty() {
+        let bad = || Error::invalid("plan", "truncated in-memory table payload");
+        let (len, rest) = body.split_first_chunk::<8>().ok_or_else(bad)?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| bad())?;
+        if rest.len() < len {
+            return Err(bad().into());
+        }
+        let reader = arrow_ipc::reader::StreamReader::try_new(&rest[..len], None)?;
+        partitions.push(reader.collect::<std::result::Result<Vec<_>, _>>()?);
+        body = &rest[len..];
+    }
+    Ok(Some(MemTable::try_new(schema, partitions)?))
+}
+
+/// The text functions by name (executors and schedulers resolve them from their registry;
+/// this is the fallback for a registry without them).
+fn text_udf(name: &str) -> Option<Arc<ScalarUDF>> {
+    crate::text::udf::text_udfs().into_iter().find(|f| f.name() == name).map(Arc::new)
+}
+
+/// Logical plans: zrecord tables (with their `gather()` order) and the `ZRECORD` file type,
+/// everything else through Ballista's codec.
+#[derive(Debug, Default)]
+pub struct ZrecordLogicalCodec {
+    inner: BallistaLogicalExtensionCodec,
+}
+
+impl LogicalExtensionCodec for ZrecordLogicalCodec {
+    fn try_decode(&self, buf: &[u8], inputs: &[LogicalPlan], ctx: &TaskContext) -> DfResult<Extension> {
+        self.inner.try_decode(buf, inputs, ctx)
+    }
+
+    fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> DfResult<()> {
+        self.inner.try_encode(node, buf)
+    }
+
+    fn try_decode_table_provider(&self, buf: &[u8], table_ref: &TableReference, schema: arrow_schema::SchemaRef, ctx: &TaskContext) -> DfResult<Arc<dyn TableProvider>> {
+        if let Some(t) = decode_memory(buf, schema.clone())? {
+            return Ok(Arc::new(t));
+        }
+        match decode(buf)? {
+            Some(Node::Table(spec)) => {
+                let t = ZrecordTable::from_spec(&spec)?;
+                if t.schema().fields() != schema.fields() {
+                    return Err(Error::invalid("table", format!("{} ({table_ref}) has other columns here than where the query was planned", spec.path)).into());
+                }
+                Ok(Arc::new(t))
+            }
+            Some(_) => Err(Error::invalid("plan", format!("table {table_ref}: not a zrecord table payload")).into()),
+            None => self.inner.try_decode_table_provider(buf, table_ref, schema, ctx),
+        }
+    }
+
+    fn try_encode_table_provider(&self, table_ref: &TableReference, node: Arc<dyn TableProvider>, buf: &mut Vec<u8>) -> DfResult<()> {
+        if let Some(t) = node.downcast_ref::<ZrecordTable>() {
+            return encode(&Node::Table(t.spec().map_err(|e| e.context(format!("table {table_ref}")))?), buf);
+        }
+        if let Some(t) = node.downcast_ref::<MemTable>() {
+            return encode_memory(t, buf);
+        }
+        self.inner.try_encode_table_provider(table_ref, node, buf)
+    }
+
+    fn try_decode_file_format(&self, buf: &[u8], ctx: &TaskContext) -> DfResult<Arc<dyn FileFormatFactory>> {
+        match decode(buf)? {
+            Some(Node::Format { ext, options }) => Ok(Arc::new(ZrecordFormatFactory::with_options(if ext == "zrec" { "zrec" } else { "zrecord" }, options))),
+            Some(_) => Err(Error::invalid("plan", "not a zrecord file format payload").into()),
+            None => self.inner.try_decode_file_format(buf, ctx),
+        }
+    }
+
+    fn try_encode_file_format(&self, buf: &mut Vec<u8>, node: Arc<dyn FileFormatFactory>) -> DfResult<()> {
+        if let Some(f) = node.downcast_ref::<ZrecordFormatFactory>() {
+            return encode(&Node::Format { ext: node.get_ext(), options: f.options().to_vec() }, buf);
+        }
+        self.inner.try_encode_file_format(buf, node)
+    }
+
+    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> DfResult<Arc<ScalarUDF>> {
+        match text_udf(name) {
+            Some(f) => Ok(f),
+            None => self.inner.try_decode_udf(name, buf),
+        }
+    }
+}
+
+/// Physical plans: zrecord scans, COPY sinks, part writers and commits, everything else
+/// (shuffles included) through Ballista's codec.
+#[derive(Debug, Default)]
+pub struct ZrecordPhysicalCodec {
+    inner: BallistaPhysicalExtensionCodec,
+}
+
+impl PhysicalExtensionCodec for ZrecordPhysicalCodec {
+    fn try_decode(&self, buf: &[u8], inputs: &[Arc<dyn ExecutionPlan>], ctx: &TaskContext, conv: &dyn PhysicalProtoConverterExtension) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let one_input = |what: &str| -> DfResult<Arc<dyn ExecutionPlan>> {
+            match inputs {
+                [i] => Ok(i.clone()),
+                _ => Err(Error::invalid("plan", format!("{what} takes one input, got {}", inputs.len())).into()),
+            }
+        };
+        match decode(buf)? {
+            Some(Node::Scan(spec)) => Ok(Arc::new(ZrecordScanExec::from_spec(&spec)?)),
+            Some(Node::Sink(spec)) => sink_from_spec(&spec, one_input("a zrecord sink")?),
+            Some(Node::Parts(spec)) => Ok(Arc::new(ZrecordPartsExec::new(one_input("ZrecordPartsExec")?, spec.to_target()?)?)),
+            Some(Node::Commit(spec)) => Ok(Arc::new(ZrecordCommitExec::new(one_input("ZrecordCommitExec")?, spec.to_target()?))),
+            Some(Node::Table(_) | Node::Format { .. }) => Err(Error::invalid("plan", "a logical payload in a physical plan").into()),
+            None => self.inner.try_decode(buf, inputs, ctx, conv),
+        }
+    }
+
+    fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>, conv: &dyn PhysicalProtoConverterExtension) -> DfResult<()> {
+        if let Some(scan) = node.downcast_ref::<ZrecordScanExec>() {
+            return encode(&Node::Scan(scan.spec()?), buf);
+        }
+        if let Some(spec) = sink_spec(&node) {
+            return encode(&Node::Sink(spec), buf);
+        }
+        if let Some(p) = node.downcast_ref::<ZrecordPartsExec>() {
+            return encode(&Node::Parts(PartsSpec::of(p.target())), buf);
+        }
+        if let Some(c) = node.downcast_ref::<ZrecordCommitExec>() {
+            return encode(&Node::Commit(PartsSpec::of(c.target())), buf);
+        }
+        if node.name() == "LoaderExec" {
+            return Err(Error::invalid("plan", "loader() runs in the client process; it cannot be distributed").into());
+        }
+        self.inner.try_encode(node, buf, conv)
+    }
+
+    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> DfResult<Arc<ScalarUDF>> {
+        match text_udf(name) {
+            Some(f) => Ok(f),
+            None => self.inner.try_decode_udf(name, buf),
+        }
+    }
+}
+
+/// A session config carrying Ballista's settings and the zrecord codecs.
+pub fn ballista_config(target_partitions: usize) -> SessionConfig {
+    let mut config = SessionConfig::new_with_ballista()
+        .with_ballista_logical_extension_codec(Arc::new(ZrecordLogicalCodec::default()))
+        .with_ballista_physical_extension_codec(Arc::new(ZrecordPhysicalCodec::default()));
+    if target_partitions > 0 {
+        config = config.with_target_partitions(target_partitions);
+    }
+    config
+}
+
+/// The session state a scheduler plans with: the zrecord extension on `config`.
+fn scheduler_state(config: SessionConfig) -> DfResult<SessionState> {
+    let config = config
+        .with_ballista_logical_extension_codec(Arc::new(ZrecordLogicalCodec::default()))
+        .with_ballista_physical_extension_codec(Arc::new(ZrecordPhysicalCodec::default()));
+    Ok(crate::query::zrecord_context_with_config(config).state())
+}
+
+/// Ballista's client planner, except for statements that only describe the client's catalog
+/// (`DESCRIBE t`), which plan here.
+#[derive(Debug)]
+struct LocalFirst {
+    remote: Arc<dyn datafusion::execution::context::QueryPlanner + Send + Sync>,
+}
+
+#[async_trait::async_trait]
+impl datafusion::execution::context::QueryPlanner for LocalFirst {
+    async fn create_physical_plan(&self, plan: &LogicalPlan, session: &dyn datafusion::catalog::Session) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match plan {
+            LogicalPlan::DescribeTable(_) => {
+                use datafusion::physical_planner::PhysicalPlanner;
+                datafusion::physical_planner::DefaultPhysicalPlanner::default().create_physical_plan(plan, session).await
+            }
+            _ => self.remote.create_physical_plan(plan, session).await,
+        }
+    }
+}
+
+/// A context whose queries run on the Ballista cluster of the scheduler at `url`
+/// (`df://host:port`), with the zrecord extension (`FROM 'root'`, `CREATE EXTERNAL TABLE ...
+/// STORED AS ZRECORD`, `gather()`, COPY ... STORED AS ZRECORD). `target_partitions` (0: the
+/// default) is the parallelism of scans and of a COPY's parts.
+pub async fn remote_context(url: &str, target_partitions: usize) -> DfResult<SessionContext> {
+    let url = if url.contains("://") { url.to_string() } else { format!("df://{url}") };
+    crate::query::zrecord_context_finished(ballista_config(target_partitions), |state| {
+        // Ballista's client planner: the plan is sent to the scheduler (its own thread: the
+        // connection is made inside a runtime of its own by the planner when it runs).
+        let state = futures::executor::block_on(SessionContext::remote_with_state(&url, state))?.state();
+        let remote = state.query_planner().clone();
+        Ok(datafusion::execution::SessionStateBuilder::new_from_existing(state).with_query_planner(Arc::new(LocalFirst { remote })).build())
+    })
+}
+
+/// Where a scheduler listens.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    /// Address to bind (`127.0.0.1:50050`).
+    pub bind: SocketAddr,
+    /// The host name executors and clients reach it by (default: the bind address).
+    pub external_host: Option<String>,
+}
+
+/// Run a Ballista scheduler that plans with the zrecord extension, until the process ends.
+pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
+    use ballista_scheduler::cluster::BallistaCluster;
+    use ballista_scheduler::config::SchedulerConfig;
+    let mut config = SchedulerConfig::default();
+    config.bind_host = opts.bind.ip().to_string();
+    config.bind_port = opts.bind.port();
+    config.external_host = opts.external_host.unwrap_or_else(|| opts.bind.ip().to_string());
+    config.override_logical_codec = Some(Arc::new(ZrecordLogicalCodec::default()));
+    config.override_physical_codec = Some(Arc::new(ZrecordPhysicalCodec::default()));
+    config.override_session_builder = Some(Arc::new(scheduler_state));
+    config.override_config_producer = Some(Arc::new(|| ballista_config(0)));
+    let cluster = BallistaCluster::new_from_config(&config).await.map_err(ballista_err)?;
+    ballista_scheduler::scheduler_process::start_server(cluster, opts.bind, Arc::new(config)).await.map_err(ballista_err)
+}
+
+/// Where an executor listens and which scheduler it serves.
+#[derive(Clone, Debug)]
+pub struct ExecutorOptions {
+    /// Host to bind (`127.0.0.1`).
+    pub bind_host: String,
+    /// Host name the scheduler and other executors reach it by (default: `bind_host`).
+    pub external_host: Option<String>,
+    /// Arrow Flight port (shuffle data).
+    pub port: u16,
+    /// gRPC port (tasks).
+    pub grpc_port: u16,
+    /// The scheduler (`host:port`).
+    pub scheduler: String,
+    /// Tasks run at once (0: the number of CPUs).
+    pub concurrent_tasks: usize,
+    /// Where shuffle files go (default: a temporary folder).
+    pub work_dir: Option<String>,
+}
+
+/// Run a Ballista executor that runs zrecord plans, until the process ends.
+pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
+    use ballista_core::registry::BallistaFunctionRegistry;
+    use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
+    let (host, port) = opts
+        .scheduler
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+        .ok_or_else(|| Error::invalid("scheduler", format!("'{}' is not host:port", opts.scheduler)))?;
+    let mut registry = BallistaFunctionRegistry::default();
+    // Array functions (`cardinality`, `make_array`, ...) are planned on the client with
+    // DataFusion's defaults; Ballista's registry leaves them out.
+    for f in datafusion::functions_nested::all_default_nested_functions() {
+        registry.scalar_functions.entry(f.name().to_string()).or_insert(f);
+    }
+    for f in crate::text::udf::text_udfs() {
+        registry.scalar_functions.insert(f.name().to_string(), Arc::new(f));
+    }
+    let mut config = ExecutorProcessConfig {
+        bind_host: opts.bind_host.clone(),
+        external_host: Some(opts.external_host.unwrap_or(opts.bind_host)),
+        port: opts.port,
+        grpc_port: opts.grpc_port,
+        scheduler_host: host,
+        scheduler_port: port,
+        work_dir: opts.work_dir,
+        override_logical_codec: Some(Arc::new(ZrecordLogicalCodec::default())),
+        override_physical_codec: Some(Arc::new(ZrecordPhysicalCodec::default())),
+        override_function_registry: Some(Arc::new(registry)),
+        override_config_producer: Some(Arc::new(|| ballista_config(0))),
+        ..ExecutorProcessConfig::default()
+    };
+    if opts.concurrent_tasks > 0 {
+        config.vcores = opts.concurrent_tasks;
+    }
+    start_executor_process(Arc::new(config)).await.map_err(ballista_err)
+}
+
+fn ballista_err(e: ballista_core::error::BallistaError) -> Error {
+    Error::invalid("ballista", e.to_string())
+}
+
+impl fmt::Display for SchedulerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.bind)
+    }
+}

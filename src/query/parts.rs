@@ -1,0 +1,481 @@
+//! `COPY ... STORED AS ZRECORD` of a partitioned input: one part per partition, written in
+//! parallel (on one machine, or on Ballista executors), committed once.
+//!
+//! The plan is `ZrecordCommitExec(CoalescePartitionsExec(ZrecordPartsExec(input)))`:
+//! - [`ZrecordPartsExec`] writes partition `k` of its input as a complete dataset root, part
+//!   `k` (`part-0000k-<token>`), and yields one row (part, folder, records). Parts go into a
+//!   hidden staging folder next to the destination (`.<name>.zrecord-tmp-<pid>-<token>`, which
+//!   `zrec gc` recognises), or straight below an object-store URL (where nothing opens before
+//!   the root's `dataset.json` exists).
+//! - [`ZrecordCommitExec`] collects every part's row, checks each part arrived exactly once,
+//!   and publishes the root: `dataset.json` (version 2, the parts in partition order) written
+//!   last and create-only, then one no-replace rename of the staging folder (local), or the
+//!   create-only put alone (object store). It yields the `count` row DataFusion's sinks yield.
+//!
+//! Records are the input partitions concatenated in partition order, ids global: the same
+//! rows, in the same order, whether one process or a cluster wrote them, and read back through
+//! [`crate::store::ConcatSource`] like any root.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::Result as DfResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::StreamExt;
+
+use crate::arrow::{ColumnLayout, DatasetWriter};
+use crate::error::{Error, Result};
+use crate::query::sink::plan_columns;
+use crate::query::table::ID_COLUMN;
+use crate::store::dataset::{DatasetManifest, PartEntry, DATASET_FILE};
+use crate::store::WriterOptions;
+
+/// Where the parts of one COPY go and how they are written: everything a part writer on
+/// another machine needs (the columns follow from the input schema).
+#[derive(Clone, Debug)]
+pub struct PartsTarget {
+    /// The root being written (a local path or an object-store URL).
+    pub dest: PathBuf,
+    /// Names this COPY's staging folder and parts: chosen once when the statement is planned.
+    pub token: u64,
+    /// The process that planned the COPY (names the local staging folder, for `zrec gc`).
+    pub planner_pid: u32,
+    /// Writer options of every stream.
+    pub options: WriterOptions,
+}
+
+impl PartsTarget {
+    /// A target for a new COPY to `dest` planned by this process.
+    pub fn new(dest: PathBuf, options: WriterOptions) -> PartsTarget {
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        PartsTarget { dest, token: u64::from_le_bytes(seed) ^ t, planner_pid: std::process::id(), options }
+    }
+
+    fn remote(&self) -> bool {
+        crate::store::object::is_url(&self.dest)
+    }
+
+    /// The folder parts are written into: the staging folder (local) or the root URL.
+    fn parts_dir(&self) -> Result<PathBuf> {
+        if self.remote() {
+            return Ok(self.dest.clone());
+        }
+        let name = self
+            .dest
+            .file_name()
+            .ok_or_else(|| Error::invalid("path", format!("'{}' has no final component", self.dest.display())))?
+            .to_string_lossy()
+            .into_owned();
+        let parent = match self.dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Ok(parent.join(format!(".{name}.zrecord-tmp-{}-{}", self.planner_pid, self.token)))
+    }
+
+    /// Part `k`'s folder name (relative to the root).
+    fn part_name(&self, k: usize) -> String {
+        format!("part-{k:05}-{:016x}", self.token)
+    }
+
+    fn join(dir: &Path, name: &str) -> PathBuf {
+        if crate::store::object::is_url(dir) {
+            PathBuf::from(format!("{}/{name}", dir.to_string_lossy().trim_end_matches('/')))
+        } else {
+            dir.join(name)
+        }
+    }
+}
+
+/// A [`PartsTarget`] as it travels to another process (Ballista executors).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct PartsSpec {
+    dest: String,
+    token: u64,
+    planner_pid: u32,
+    options: crate::query::sink::OptionsSpec,
+}
+
+impl PartsSpec {
+    pub(crate) fn of(t: &PartsTarget) -> PartsSpec {
+        PartsSpec { dest: t.dest.to_string_lossy().into_owned(), token: t.token, planner_pid: t.planner_pid, options: crate::query::sink::OptionsSpec::of(&t.options) }
+    }
+
+    pub(crate) fn to_target(&self) -> Result<PartsTarget> {
+        Ok(PartsTarget { dest: PathBuf::from(&self.dest), token: self.token, planner_pid: self.planner_pid, options: self.options.to_options()? })
+    }
+}
+
+/// The schema of the rows part writers yield.
+fn parts_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("part", DataType::UInt32, false),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("records", DataType::UInt64, false),
+    ]))
+}
+
+/// The `count` schema every DataFusion sink yields.
+fn count_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]))
+}
+
+/// `input`, with the file scan at its bottom split into `n` byte ranges when it is one (through
+/// projections and filters, which keep each partition's order): the parts of a COPY from one
+/// large file are then written in parallel, and their concatenation is the file's order.
+pub(crate) fn split_scan(input: Arc<dyn ExecutionPlan>, n: usize, config: &datafusion::config::ConfigOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let children = input.children();
+    match (input.name(), children.len()) {
+        ("ProjectionExec" | "FilterExec" | "CoalesceBatchesExec", 1) => {
+            let child = split_scan(children[0].clone(), n, config)?;
+            input.replace_children(vec![child], ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+        }
+        ("DataSourceExec", 0) => {
+            // Any file of more than one row group splits (DataFusion's default waits for 10 MB).
+            let mut config = config.clone();
+            config.optimizer.repartition_file_min_size = 0;
+            Ok(input.repartitioned(n, &config)?.unwrap_or(input))
+        }
+        _ => Ok(input),
+    }
+}
+
+/// Physical optimizer rule, run after DataFusion's: removes round-robin redistribution below a
+/// part writer (added for filters and projections when a scan has fewer partitions than
+/// `target_partitions`). It would deal batches to partitions in arrival order, so parts would
+/// neither follow the source order nor be the same from one run to the next; without it each
+/// part is one scan partition in order.
+#[derive(Debug, Default)]
+pub struct KeepPartOrder;
+
+impl datafusion::physical_optimizer::PhysicalOptimizerRule for KeepPartOrder {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &datafusion::config::ConfigOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::physical_plan::repartition::RepartitionExec;
+        plan.transform_down(|node| {
+            let Some(parts) = node.downcast_ref::<ZrecordPartsExec>() else { return Ok(Transformed::no(node)) };
+            let input = parts.input.clone().transform_up(|n| match n.downcast_ref::<RepartitionExec>() {
+                Some(r) if matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) => Ok(Transformed::yes(r.input().clone())),
+                _ => Ok(Transformed::no(n)),
+            })?;
+            if !input.transformed {
+                return Ok(Transformed::no(node));
+            }
+            let target = parts.target.clone();
+            Ok(Transformed::new(Arc::new(ZrecordPartsExec::new(input.data, target)?) as Arc<dyn ExecutionPlan>, true, TreeNodeRecursion::Jump))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "zrecord_keep_part_order"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The COPY plan for a partitioned input (see the module documentation).
+pub(crate) fn parts_plan(input: Arc<dyn ExecutionPlan>, target: PartsTarget) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let parts = Arc::new(ZrecordPartsExec::new(input, target.clone())?);
+    let coalesced = Arc::new(CoalescePartitionsExec::new(parts));
+    Ok(Arc::new(ZrecordCommitExec::new(coalesced, target)))
+}
+
+fn properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(partitions),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    ))
+}
+
+/// Writes partition `k` of its input as part `k` of a multi-part root.
+#[derive(Debug)]
+pub struct ZrecordPartsExec {
+    input: Arc<dyn ExecutionPlan>,
+    target: PartsTarget,
+    columns: Vec<(String, ColumnLayout)>,
+    properties: Arc<PlanProperties>,
+}
+
+impl ZrecordPartsExec {
+    /// Part writers over `input` (its column types are checked here).
+    pub fn new(input: Arc<dyn ExecutionPlan>, target: PartsTarget) -> DfResult<ZrecordPartsExec> {
+        let columns = plan_columns(&input.schema())?;
+        let n = input.properties().partitioning.partition_count();
+        Ok(ZrecordPartsExec { input, target, columns, properties: properties(parts_schema(), n) })
+    }
+
+    /// Where and how the parts are written.
+    pub fn target(&self) -> &PartsTarget {
+        &self.target
+    }
+
+    /// The input.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for ZrecordPartsExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ZrecordPartsExec: dest={}, parts={}, codec={}, columns=[{}]",
+            self.target.dest.display(),
+            self.properties.partitioning.partition_count(),
+            self.target.options.codec.name(),
+            self.columns.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+impl ExecutionPlan for ZrecordPartsExec {
+    fn name(&self) -> &'static str {
+        "ZrecordPartsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        // Partition k is part k: repartitioning would reorder the records.
+        vec![false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::UnspecifiedDistribution]
+    }
+
+    fn replace_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordPartsExec takes one input"))?;
+        Ok(Arc::new(ZrecordPartsExec::new(input, self.target.clone())?))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        let progress = context.session_config().get_extension::<crate::query::CopyProgress>();
+        let mut data = self.input.execute(partition, context)?;
+        let (target, columns) = (self.target.clone(), self.columns.clone());
+        let fut = async move {
+            let name = target.part_name(partition);
+            let dir = target.parts_dir()?;
+            let dest = PartsTarget::join(&dir, &name);
+            let keep: Vec<usize> = data.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != ID_COLUMN).map(|(i, _)| i).collect();
+            let written = async {
+                let mut writer = DatasetWriter::create(&dest, &columns, target.options.clone()).map_err(|e| e.context(format!("part {partition} of {}", target.dest.display())))?;
+                while let Some(batch) = data.next().await {
+                    let batch = batch?.project(&keep)?;
+                    // CPU work inline, as DataFusion's own operators do; encoding and writing
+                    // run on the writer's shard threads.
+                    writer.append(&batch)?;
+                    if let Some(p) = &progress {
+                        p.rows.fetch_add(batch.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                let n = writer.len();
+                writer.finish()?;
+                Ok::<u64, datafusion::error::DataFusionError>(n)
+            }
+            .await;
+            let n = match written {
+                Ok(n) => n,
+                Err(e) => {
+                    // The COPY fails: nothing of it will be published. Locally the whole
+                    // staging folder goes (parts still being written fail with it); on an object
+                    // store this part's objects (the others' are unknown here: `zrec gc`).
+                    cleanup(&target, &dir, std::iter::once(name.as_str()));
+                    return Err(e);
+                }
+            };
+            let cols: Vec<Arc<dyn Array>> = vec![
+                Arc::new(UInt32Array::from(vec![partition as u32])),
+                Arc::new(StringArray::from(vec![name])),
+                Arc::new(UInt64Array::from(vec![n])),
+            ];
+            Ok(RecordBatch::try_new(parts_schema(), cols)?)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(parts_schema(), futures::stream::once(fut))))
+    }
+}
+
+/// Publishes a multi-part root once every part is written.
+#[derive(Debug)]
+pub struct ZrecordCommitExec {
+    input: Arc<dyn ExecutionPlan>,
+    target: PartsTarget,
+    properties: Arc<PlanProperties>,
+}
+
+impl ZrecordCommitExec {
+    /// The commit of the parts `input` (one partition of part rows) reports.
+    pub fn new(input: Arc<dyn ExecutionPlan>, target: PartsTarget) -> ZrecordCommitExec {
+        ZrecordCommitExec { input, target, properties: properties(count_schema(), 1) }
+    }
+
+    /// Where and how the parts are written.
+    pub fn target(&self) -> &PartsTarget {
+        &self.target
+    }
+}
+
+impl DisplayAs for ZrecordCommitExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ZrecordCommitExec: dest={}", self.target.dest.display())
+    }
+}
+
+impl ExecutionPlan for ZrecordCommitExec {
+    fn name(&self) -> &'static str {
+        "ZrecordCommitExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::SinglePartition]
+    }
+
+    fn replace_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordCommitExec takes one input"))?;
+        Ok(Arc::new(ZrecordCommitExec::new(input, self.target.clone())))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(Error::invalid("partition", format!("ZrecordCommitExec has one partition, not {partition}")).into());
+        }
+        let mut rows = self.input.execute(0, context)?;
+        let target = self.target.clone();
+        let columns = plan_columns_of(&self.input)?;
+        let fut = async move {
+            let mut parts: Vec<(u32, PartEntry)> = Vec::new();
+            while let Some(b) = rows.next().await {
+                let b = b?;
+                let (Some(k), Some(p), Some(n)) = (
+                    b.column(0).as_any().downcast_ref::<UInt32Array>(),
+                    b.column(1).as_any().downcast_ref::<StringArray>(),
+                    b.column(2).as_any().downcast_ref::<UInt64Array>(),
+                ) else {
+                    return Err(Error::invalid("plan", "ZrecordCommitExec's input is not part rows").into());
+                };
+                for i in 0..b.num_rows() {
+                    parts.push((k.value(i), PartEntry { path: p.value(i).to_string(), record_count: n.value(i) }));
+                }
+            }
+            let total = commit(&target, &columns, parts)?;
+            Ok(RecordBatch::try_new(count_schema(), vec![Arc::new(UInt64Array::from(vec![total]))])?)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(count_schema(), futures::stream::once(fut))))
+    }
+}
+
+/// The columns the parts below a commit write (from the part writer's input schema).
+fn plan_columns_of(input: &Arc<dyn ExecutionPlan>) -> Result<Vec<(String, ColumnLayout)>> {
+    let mut plan = input.clone();
+    loop {
+        if let Some(p) = plan.downcast_ref::<ZrecordPartsExec>() {
+            return Ok(p.columns.clone());
+        }
+        let next = match plan.children().first() {
+            Some(c) => (*c).clone(),
+            None => return Err(Error::invalid("plan", "ZrecordCommitExec has no ZrecordPartsExec below it")),
+        };
+        plan = next;
+    }
+}
+
+/// Check the parts and publish the root; on failure remove what the parts wrote.
+fn commit(target: &PartsTarget, columns: &[(String, ColumnLayout)], mut parts: Vec<(u32, PartEntry)>) -> Result<u64> {
+    let dir = target.parts_dir()?;
+    let result = (|| {
+        parts.sort_by_key(|(k, _)| *k);
+        for (i, (k, _)) in parts.iter().enumerate() {
+            if *k as usize != i {
+                return Err(Error::invalid("parts", format!("COPY to {}: part {i} is missing or written twice (got part {k})", target.dest.display())));
+            }
+        }
+        if parts.is_empty() {
+            return Err(Error::invalid("parts", format!("COPY to {}: no part was written", target.dest.display())));
+        }
+        let entries = DatasetWriter::stream_entries(columns);
+        let manifest = DatasetManifest::with_parts(entries, parts.iter().map(|(_, p)| p.clone()).collect());
+        let bytes = manifest.to_bytes()?;
+        if target.remote() {
+            let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
+            crate::store::object::connect(&url)?.put_create(DATASET_FILE, bytes)?;
+        } else {
+            crate::store::publish::publish_folder(&dir, &target.dest, DATASET_FILE, &bytes)?;
+        }
+        Ok(manifest.record_count)
+    })();
+    if result.is_err() {
+        cleanup(target, &dir, parts.iter().map(|(_, p)| p.path.as_str()));
+    }
+    result
+}
+
+/// Remove the parts of a COPY that will not be published (best effort: `zrec gc` finds what
+/// is left).
+fn cleanup<'a>(target: &PartsTarget, dir: &Path, parts: impl Iterator<Item = &'a str>) {
+    if target.remote() {
+        let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
+        if let Ok(remote) = crate::store::object::connect(&url) {
+            for p in parts {
+                let _ = remote.join(p).delete_tree("");
+            }
+        }
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
