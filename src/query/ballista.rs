@@ -55,7 +55,7 @@ enum Node {
     Scan(ScanSpec),
     Sink(SinkSpec),
     Parts(PartsSpec),
-    Commit(PartsSpec),
+    Commit { target: PartsSpec, expected: usize },
 }
 
 /// After [`MAGIC`]: a JSON [`Node`], or an in-memory table as Arrow IPC (one stream per
@@ -208,7 +208,7 @@ impl PhysicalExtensionCodec for ZrecordPhysicalCodec {
             Some(Node::Scan(spec)) => Ok(Arc::new(ZrecordScanExec::from_spec(&spec)?)),
             Some(Node::Sink(spec)) => sink_from_spec(&spec, one_input("a zrecord sink")?),
             Some(Node::Parts(spec)) => Ok(Arc::new(ZrecordPartsExec::new(one_input("ZrecordPartsExec")?, spec.to_target()?)?)),
-            Some(Node::Commit(spec)) => Ok(Arc::new(ZrecordCommitExec::new(one_input("ZrecordCommitExec")?, spec.to_target()?))),
+            Some(Node::Commit { target, expected }) => Ok(Arc::new(ZrecordCommitExec::new(one_input("ZrecordCommitExec")?, target.to_target()?, expected))),
             Some(Node::Table(_) | Node::Format { .. }) => Err(Error::invalid("plan", "a logical payload in a physical plan").into()),
             None => self.inner.try_decode(buf, inputs, ctx, conv),
         }
@@ -218,6 +218,9 @@ impl PhysicalExtensionCodec for ZrecordPhysicalCodec {
         if let Some(scan) = node.downcast_ref::<ZrecordScanExec>() {
             return encode(&Node::Scan(scan.spec()?), buf);
         }
+        if let Some(spec) = scan_of_file_groups(&node) {
+            return encode(&Node::Scan(spec?), buf);
+        }
         if let Some(spec) = sink_spec(&node) {
             return encode(&Node::Sink(spec), buf);
         }
@@ -225,7 +228,7 @@ impl PhysicalExtensionCodec for ZrecordPhysicalCodec {
             return encode(&Node::Parts(PartsSpec::of(p.target())), buf);
         }
         if let Some(c) = node.downcast_ref::<ZrecordCommitExec>() {
-            return encode(&Node::Commit(PartsSpec::of(c.target())), buf);
+            return encode(&Node::Commit { target: PartsSpec::of(c.target()), expected: c.expected() }, buf);
         }
         if node.name() == "LoaderExec" {
             return Err(Error::invalid("plan", "loader() runs in the client process; it cannot be distributed").into());
@@ -241,11 +244,127 @@ impl PhysicalExtensionCodec for ZrecordPhysicalCodec {
     }
 }
 
+/// On the scheduler, a multi-partition zrecord scan stands in as a file scan: one file group per
+/// partition, one "file" (the table's path, its id range as the byte range) per id range.
+///
+/// Ballista hands each task a plan restricted to the task's partitions, and only knows how to
+/// restrict file scans (and in-memory ones): any other leaf would run every partition in every
+/// task, duplicating rows. Written as a file scan, the scheduler slices the groups like
+/// Parquet's, and the codec turns what is left back into a [`ZrecordScanExec`] over exactly those
+/// id ranges. It is never executed as a file scan.
+#[derive(Clone)]
+struct ScanAsFiles {
+    spec: ScanSpec,
+    table_schema: datafusion::datasource::table_schema::TableSchema,
+    metrics: datafusion::physical_plan::metrics::ExecutionPlanMetricsSet,
+}
+
+impl datafusion::datasource::physical_plan::FileSource for ScanAsFiles {
+    fn create_file_opener(
+        &self,
+        _store: Arc<dyn object_store::ObjectStore>,
+        _config: &datafusion::datasource::physical_plan::FileScanConfig,
+        _partition: usize,
+    ) -> DfResult<Arc<dyn datafusion::datasource::physical_plan::FileOpener>> {
+        Err(Error::invalid("plan", format!("the zrecord scan of {} runs on executors (its plan was not encoded by the zrecord codec)", self.spec.table_path())).into())
+    }
+
+    fn table_schema(&self) -> &datafusion::datasource::table_schema::TableSchema {
+        &self.table_schema
+    }
+
+    fn with_batch_size(&self, _batch_size: usize) -> Arc<dyn datafusion::datasource::physical_plan::FileSource> {
+        Arc::new(self.clone())
+    }
+
+    fn metrics(&self) -> &datafusion::physical_plan::metrics::ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
+    fn file_type(&self) -> &str {
+        "zrecord"
+    }
+
+    fn supports_repartitioning(&self) -> bool {
+        false
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+}
+
+/// Scheduler rule: multi-partition zrecord scans as [`ScanAsFiles`] file scans.
+#[derive(Debug, Default)]
+struct ScansAsFileGroups;
+
+impl datafusion::physical_optimizer::PhysicalOptimizerRule for ScansAsFileGroups {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &datafusion::config::ConfigOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::datasource::listing::PartitionedFile;
+        use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
+        plan.transform_up(|node| {
+            let Some(scan) = node.downcast_ref::<ZrecordScanExec>() else { return Ok(Transformed::no(node)) };
+            if scan.partition_count() < 2 {
+                return Ok(Transformed::no(node));
+            }
+            let spec = scan.spec()?;
+            let Some(parts) = spec.partition_ranges() else { return Ok(Transformed::no(node)) };
+            let groups: Vec<FileGroup> = parts
+                .iter()
+                .map(|ranges| FileGroup::new(ranges.iter().map(|&(a, b)| PartitionedFile::new(spec.table_path().to_string(), b).with_range(a as i64, b as i64)).collect()))
+                .collect();
+            let source = ScanAsFiles {
+                table_schema: datafusion::datasource::table_schema::TableSchema::from(node.schema()),
+                spec,
+                metrics: Default::default(),
+            };
+            let config = FileScanConfigBuilder::new(datafusion::execution::object_store::ObjectStoreUrl::local_filesystem(), Arc::new(source)).with_file_groups(groups).build();
+            Ok(Transformed::yes(datafusion::datasource::source::DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "zrecord_scans_as_file_groups"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The [`ZrecordScanExec`] a restricted [`ScanAsFiles`] file scan stands for.
+fn scan_of_file_groups(node: &Arc<dyn ExecutionPlan>) -> Option<DfResult<ScanSpec>> {
+    let ds = node.downcast_ref::<datafusion::datasource::source::DataSourceExec>()?;
+    let config = ds.data_source().downcast_ref::<datafusion::datasource::physical_plan::FileScanConfig>()?;
+    let source = config.file_source().downcast_ref::<ScanAsFiles>()?;
+    let mut parts = Vec::with_capacity(config.file_groups.len());
+    for g in &config.file_groups {
+        let mut ranges = Vec::new();
+        for f in g.files() {
+            match &f.range {
+                Some(r) if r.start >= 0 && r.end >= r.start => ranges.push((r.start as u64, r.end as u64)),
+                _ => return Some(Err(Error::invalid("plan", "a zrecord scan's file group lost its id range").into())),
+            }
+        }
+        parts.push(ranges);
+    }
+    Some(Ok(source.spec.with_partition_ranges(parts)))
+}
+
 /// A session config carrying Ballista's settings and the zrecord codecs.
 pub fn ballista_config(target_partitions: usize) -> SessionConfig {
     let mut config = SessionConfig::new_with_ballista()
         .with_ballista_logical_extension_codec(Arc::new(ZrecordLogicalCodec::default()))
-        .with_ballista_physical_extension_codec(Arc::new(ZrecordPhysicalCodec::default()));
+        .with_ballista_physical_extension_codec(Arc::new(ZrecordPhysicalCodec::default()))
+        // The static distributed planner: stages keep the partitions the scheduler planned. The
+        // adaptive one re-plans stages and re-deals partitions to tasks, which breaks "partition
+        // k of a COPY is part k" (two tasks wrote the same part under it).
+        .set_bool(ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED, false);
     if target_partitions > 0 {
         config = config.with_target_partitions(target_partitions);
     }
@@ -257,7 +376,8 @@ fn scheduler_state(config: SessionConfig) -> DfResult<SessionState> {
     let config = config
         .with_ballista_logical_extension_codec(Arc::new(ZrecordLogicalCodec::default()))
         .with_ballista_physical_extension_codec(Arc::new(ZrecordPhysicalCodec::default()));
-    Ok(crate::query::zrecord_context_with_config(config).state())
+    let state = crate::query::zrecord_context_with_config(config).state();
+    Ok(datafusion::execution::SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rule(Arc::new(ScansAsFileGroups)).build())
 }
 
 /// Ballista's client planner, except for statements that only describe the client's catalog

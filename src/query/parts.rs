@@ -20,7 +20,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_array::{Array, RecordBatch, StringArray, UInt64Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
@@ -86,9 +86,13 @@ impl PartsTarget {
         Ok(parent.join(format!(".{name}.zrecord-tmp-{}-{}", self.planner_pid, self.token)))
     }
 
-    /// Part `k`'s folder name (relative to the root).
-    fn part_name(&self, k: usize) -> String {
-        format!("part-{k:05}-{:016x}", self.token)
+    /// A new part's folder name (relative to the root): this COPY's token and a random number
+    /// (a Ballista task does not know which partition of the whole it writes; the commit
+    /// orders the parts).
+    fn part_name(&self) -> String {
+        let mut r = [0u8; 8];
+        let _ = getrandom::fill(&mut r);
+        format!("part-{:016x}-{:016x}", self.token, u64::from_le_bytes(r))
     }
 
     fn join(dir: &Path, name: &str) -> PathBuf {
@@ -120,12 +124,48 @@ impl PartsSpec {
 }
 
 /// The schema of the rows part writers yield.
+/// `path`: the part's folder; `records`; `key_source` / `key_start`: where in the input the
+/// partition starts (file and byte offset, or the table's first id), which orders the parts;
+/// `streams`: the part's stream entries (JSON), the same in every part.
 fn parts_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new("part", DataType::UInt32, false),
         Field::new("path", DataType::Utf8, false),
         Field::new("records", DataType::UInt64, false),
+        Field::new("key_source", DataType::Utf8, false),
+        Field::new("key_start", DataType::UInt64, false),
+        Field::new("streams", DataType::Utf8, false),
     ]))
+}
+
+/// Where partition `p` of `input` starts in its source, found through operators that keep each
+/// partition's rows where they were: the first file and byte offset of a file scan's group, or
+/// the first id of a zrecord scan's partition. A Ballista task runs a plan restricted to its
+/// own partitions (numbered from 0 again), so the partition number alone cannot order the parts;
+/// this can. `("", p)` when the source is of another kind (then the plan is not split).
+fn order_key(input: &Arc<dyn ExecutionPlan>, p: usize) -> (String, u64) {
+    let mut node = input.clone();
+    loop {
+        if let Some(scan) = node.downcast_ref::<crate::query::table::ZrecordScanExec>() {
+            return (String::new(), scan.partition_start(p).unwrap_or(u64::MAX));
+        }
+        if let Some(ds) = node.downcast_ref::<datafusion::datasource::source::DataSourceExec>() {
+            if let Some(c) = ds.data_source().downcast_ref::<datafusion::datasource::physical_plan::FileScanConfig>() {
+                return match c.file_groups.get(p).and_then(|g| g.files().first()) {
+                    Some(f) => (f.object_meta.location.to_string(), f.range.as_ref().map_or(0, |r| r.start.max(0) as u64)),
+                    // An empty group writes an empty part: anywhere will do.
+                    None => (String::from("\u{10ffff}"), u64::MAX),
+                };
+            }
+        }
+        let children = node.children();
+        match (node.name(), children.len()) {
+            ("ProjectionExec" | "FilterExec" | "CoalesceBatchesExec" | "CooperativeExec", 1) => {
+                let next = children[0].clone();
+                node = next;
+            }
+            _ => return (String::new(), p as u64),
+        }
+    }
 }
 
 /// The `count` schema every DataFusion sink yields.
@@ -143,7 +183,13 @@ pub(crate) fn split_scan(input: Arc<dyn ExecutionPlan>, n: usize, config: &dataf
             let child = split_scan(children[0].clone(), n, config)?;
             input.replace_children(vec![child], ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
         }
-        ("DataSourceExec", 0) => {
+        // File scans only: their byte-range split keeps the file order (partition 0 reads the
+        // first range); an in-memory source would deal its batches out by size.
+        ("DataSourceExec", 0)
+            if input
+                .downcast_ref::<datafusion::datasource::source::DataSourceExec>()
+                .is_some_and(|d| d.data_source().downcast_ref::<datafusion::datasource::physical_plan::FileScanConfig>().is_some()) =>
+        {
             // Any file of more than one row group splits (DataFusion's default waits for 10 MB).
             let mut config = config.clone();
             config.optimizer.repartition_file_min_size = 0;
@@ -192,8 +238,9 @@ impl datafusion::physical_optimizer::PhysicalOptimizerRule for KeepPartOrder {
 /// The COPY plan for a partitioned input (see the module documentation).
 pub(crate) fn parts_plan(input: Arc<dyn ExecutionPlan>, target: PartsTarget) -> DfResult<Arc<dyn ExecutionPlan>> {
     let parts = Arc::new(ZrecordPartsExec::new(input, target.clone())?);
+    let expected = parts.properties().partitioning.partition_count();
     let coalesced = Arc::new(CoalescePartitionsExec::new(parts));
-    Ok(Arc::new(ZrecordCommitExec::new(coalesced, target)))
+    Ok(Arc::new(ZrecordCommitExec::new(coalesced, target, expected)))
 }
 
 fn properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
@@ -289,13 +336,15 @@ impl ExecutionPlan for ZrecordPartsExec {
         let progress = context.session_config().get_extension::<crate::query::CopyProgress>();
         let mut data = self.input.execute(partition, context)?;
         let (target, columns) = (self.target.clone(), self.columns.clone());
+        let (key_source, key_start) = order_key(&self.input, partition);
+        let streams = serde_json::to_string(&DatasetWriter::stream_entries(&self.columns)).map_err(|e| Error::invalid("plan", e.to_string()))?;
         let fut = async move {
-            let name = target.part_name(partition);
+            let name = target.part_name();
             let dir = target.parts_dir()?;
             let dest = PartsTarget::join(&dir, &name);
             let keep: Vec<usize> = data.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != ID_COLUMN).map(|(i, _)| i).collect();
             let written = async {
-                let mut writer = DatasetWriter::create(&dest, &columns, target.options.clone()).map_err(|e| e.context(format!("part {partition} of {}", target.dest.display())))?;
+                let mut writer = DatasetWriter::create(&dest, &columns, target.options.clone()).map_err(|e| e.context(format!("part {name} of {}", target.dest.display())))?;
                 while let Some(batch) = data.next().await {
                     let batch = batch?.project(&keep)?;
                     // CPU work inline, as DataFusion's own operators do; encoding and writing
@@ -321,9 +370,11 @@ impl ExecutionPlan for ZrecordPartsExec {
                 }
             };
             let cols: Vec<Arc<dyn Array>> = vec![
-                Arc::new(UInt32Array::from(vec![partition as u32])),
                 Arc::new(StringArray::from(vec![name])),
                 Arc::new(UInt64Array::from(vec![n])),
+                Arc::new(StringArray::from(vec![key_source])),
+                Arc::new(UInt64Array::from(vec![key_start])),
+                Arc::new(StringArray::from(vec![streams])),
             ];
             Ok(RecordBatch::try_new(parts_schema(), cols)?)
         };
@@ -336,13 +387,20 @@ impl ExecutionPlan for ZrecordPartsExec {
 pub struct ZrecordCommitExec {
     input: Arc<dyn ExecutionPlan>,
     target: PartsTarget,
+    /// Parts the COPY writes (the part writers' partitions when it was planned).
+    expected: usize,
     properties: Arc<PlanProperties>,
 }
 
 impl ZrecordCommitExec {
-    /// The commit of the parts `input` (one partition of part rows) reports.
-    pub fn new(input: Arc<dyn ExecutionPlan>, target: PartsTarget) -> ZrecordCommitExec {
-        ZrecordCommitExec { input, target, properties: properties(count_schema(), 1) }
+    /// The commit of the `expected` parts `input` (one partition of part rows) reports.
+    pub fn new(input: Arc<dyn ExecutionPlan>, target: PartsTarget, expected: usize) -> ZrecordCommitExec {
+        ZrecordCommitExec { input, target, expected, properties: properties(count_schema(), 1) }
+    }
+
+    /// Parts the commit waits for.
+    pub fn expected(&self) -> usize {
+        self.expected
     }
 
     /// Where and how the parts are written.
@@ -353,7 +411,7 @@ impl ZrecordCommitExec {
 
 impl DisplayAs for ZrecordCommitExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ZrecordCommitExec: dest={}", self.target.dest.display())
+        write!(f, "ZrecordCommitExec: dest={}, parts={}", self.target.dest.display(), self.expected)
     }
 }
 
@@ -384,7 +442,7 @@ impl ExecutionPlan for ZrecordCommitExec {
 
     fn replace_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordCommitExec takes one input"))?;
-        Ok(Arc::new(ZrecordCommitExec::new(input, self.target.clone())))
+        Ok(Arc::new(ZrecordCommitExec::new(input, self.target.clone(), self.expected)))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
@@ -396,60 +454,56 @@ impl ExecutionPlan for ZrecordCommitExec {
             return Err(Error::invalid("partition", format!("ZrecordCommitExec has one partition, not {partition}")).into());
         }
         let mut rows = self.input.execute(0, context)?;
-        let target = self.target.clone();
-        let columns = plan_columns_of(&self.input)?;
+        let (target, expected) = (self.target.clone(), self.expected);
         let fut = async move {
-            let mut parts: Vec<(u32, PartEntry)> = Vec::new();
+            let mut parts: Vec<PartRow> = Vec::new();
             while let Some(b) = rows.next().await {
                 let b = b?;
-                let (Some(k), Some(p), Some(n)) = (
-                    b.column(0).as_any().downcast_ref::<UInt32Array>(),
-                    b.column(1).as_any().downcast_ref::<StringArray>(),
-                    b.column(2).as_any().downcast_ref::<UInt64Array>(),
-                ) else {
+                let col = |i: usize| b.column(i).as_any().downcast_ref::<StringArray>().cloned();
+                let num = |i: usize| b.column(i).as_any().downcast_ref::<UInt64Array>().cloned();
+                let (Some(p), Some(n), Some(ks), Some(k0), Some(st)) = (col(0), num(1), col(2), num(3), col(4)) else {
                     return Err(Error::invalid("plan", "ZrecordCommitExec's input is not part rows").into());
                 };
                 for i in 0..b.num_rows() {
-                    parts.push((k.value(i), PartEntry { path: p.value(i).to_string(), record_count: n.value(i) }));
+                    parts.push(PartRow {
+                        entry: PartEntry { path: p.value(i).to_string(), record_count: n.value(i) },
+                        key: (ks.value(i).to_string(), k0.value(i)),
+                        streams: st.value(i).to_string(),
+                    });
                 }
             }
-            let total = commit(&target, &columns, parts)?;
+            let total = commit(&target, expected, parts)?;
             Ok(RecordBatch::try_new(count_schema(), vec![Arc::new(UInt64Array::from(vec![total]))])?)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(count_schema(), futures::stream::once(fut))))
     }
 }
 
-/// The columns the parts below a commit write (from the part writer's input schema).
-fn plan_columns_of(input: &Arc<dyn ExecutionPlan>) -> Result<Vec<(String, ColumnLayout)>> {
-    let mut plan = input.clone();
-    loop {
-        if let Some(p) = plan.downcast_ref::<ZrecordPartsExec>() {
-            return Ok(p.columns.clone());
-        }
-        let next = match plan.children().first() {
-            Some(c) => (*c).clone(),
-            None => return Err(Error::invalid("plan", "ZrecordCommitExec has no ZrecordPartsExec below it")),
-        };
-        plan = next;
-    }
+/// What one part writer reported.
+struct PartRow {
+    entry: PartEntry,
+    key: (String, u64),
+    streams: String,
 }
 
 /// Check the parts and publish the root; on failure remove what the parts wrote.
-fn commit(target: &PartsTarget, columns: &[(String, ColumnLayout)], mut parts: Vec<(u32, PartEntry)>) -> Result<u64> {
+fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Result<u64> {
     let dir = target.parts_dir()?;
     let result = (|| {
-        parts.sort_by_key(|(k, _)| *k);
-        for (i, (k, _)) in parts.iter().enumerate() {
-            if *k as usize != i {
-                return Err(Error::invalid("parts", format!("COPY to {}: part {i} is missing or written twice (got part {k})", target.dest.display())));
-            }
+        if parts.len() != expected {
+            return Err(Error::invalid("parts", format!("COPY to {}: {} parts reported, {expected} expected", target.dest.display(), parts.len())));
         }
-        if parts.is_empty() {
-            return Err(Error::invalid("parts", format!("COPY to {}: no part was written", target.dest.display())));
+        // Source order: by file and offset (or first id); equal keys keep the order reported.
+        parts.sort_by(|a, b| a.key.cmp(&b.key));
+        if parts.windows(2).any(|w| w[0].key == w[1].key && w[0].key.1 != u64::MAX) {
+            return Err(Error::invalid("parts", format!("COPY to {}: two parts start at the same place of the input (written twice?)", target.dest.display())));
         }
-        let entries = DatasetWriter::stream_entries(columns);
-        let manifest = DatasetManifest::with_parts(entries, parts.iter().map(|(_, p)| p.clone()).collect());
+        let first = parts.first().ok_or_else(|| Error::invalid("parts", format!("COPY to {}: no part was written", target.dest.display())))?;
+        if parts.iter().any(|p| p.streams != first.streams) {
+            return Err(Error::invalid("parts", format!("COPY to {}: parts disagree on their streams", target.dest.display())));
+        }
+        let entries: Vec<crate::store::dataset::StreamEntry> = serde_json::from_str(&first.streams).map_err(|e| Error::invalid("parts", e.to_string()))?;
+        let manifest = DatasetManifest::with_parts(entries, parts.iter().map(|p| p.entry.clone()).collect());
         let bytes = manifest.to_bytes()?;
         if target.remote() {
             let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
@@ -460,7 +514,7 @@ fn commit(target: &PartsTarget, columns: &[(String, ColumnLayout)], mut parts: V
         Ok(manifest.record_count)
     })();
     if result.is_err() {
-        cleanup(target, &dir, parts.iter().map(|(_, p)| p.path.as_str()));
+        cleanup(target, &dir, parts.iter().map(|p| p.entry.path.as_str()));
     }
     result
 }

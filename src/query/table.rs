@@ -481,3 +481,42 @@ impl ZrecordScanExec {
         ZrecordScanExec::new(table, spec.projection.clone(), selection, partitions, spec.limit, spec.batch_size, None)
     }
 }
+
+impl ScanSpec {
+    /// The id ranges of every partition, when every partition is a set of ranges (a gather
+    /// list is one ordered partition: `None`).
+    pub(crate) fn partition_ranges(&self) -> Option<Vec<Vec<(u64, u64)>>> {
+        self.partitions
+            .iter()
+            .map(|p| match p {
+                SelectionSpec::Ranges(r) => Some(r.clone()),
+                SelectionSpec::List(_) => None,
+            })
+            .collect()
+    }
+
+    /// The same scan over other partitions (a Ballista task's share of them).
+    pub(crate) fn with_partition_ranges(&self, parts: Vec<Vec<(u64, u64)>>) -> ScanSpec {
+        ScanSpec { partitions: parts.into_iter().map(SelectionSpec::Ranges).collect(), ..self.clone() }
+    }
+
+    /// Where the table is.
+    pub(crate) fn table_path(&self) -> &str {
+        &self.table.path
+    }
+}
+
+impl ZrecordScanExec {
+    /// The first id partition `p` reads (a position in the table that orders partitions).
+    pub(crate) fn partition_start(&self, p: usize) -> Option<u64> {
+        match self.partitions.get(p)? {
+            Selection::Set(s) => s.ranges().first().map(|r| r.start),
+            Selection::List(l) => l.first().copied(),
+        }
+    }
+
+    /// Partitions of the scan.
+    pub(crate) fn partition_count(&self) -> usize {
+        self.partitions.len()
+    }
+}
