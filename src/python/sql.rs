@@ -69,7 +69,7 @@ impl PySessionContext {
                 .detach(move || crate::store::object::block(async move { crate::query::ballista::remote_context(&url, tp).await }))
                 .map_err(df_to_py)?;
             if let Some(b) = batch_size {
-                ctx.state_ref().write().config_mut().options_mut().execution.batch_size = b;
+                ctx.state_ref().write().config_mut().options_mut().set("datafusion.execution.batch_size", &b.to_string()).map_err(df_to_py)?;
             }
             return Ok(PySessionContext { ctx, cache: Arc::new(PlanCache::default()) });
         }

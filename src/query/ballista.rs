@@ -364,7 +364,11 @@ pub fn ballista_config(target_partitions: usize) -> SessionConfig {
         // The static distributed planner: stages keep the partitions the scheduler planned. The
         // adaptive one re-plans stages and re-deals partitions to tasks, which breaks "partition
         // k of a COPY is part k" (two tasks wrote the same part under it).
-        .set_bool(ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED, false);
+        .set_bool(ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED, false)
+        // A file scan's "keep the order" flag does not survive plan serialization, and without
+        // it sibling partitions steal each other's row groups: a COPY's part k would not hold
+        // byte range k of its source. Executors get this setting with the session's.
+        .set_bool("datafusion.execution.enable_file_stream_work_stealing", false);
     if target_partitions > 0 {
         config = config.with_target_partitions(target_partitions);
     }

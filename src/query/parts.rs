@@ -193,7 +193,10 @@ pub(crate) fn split_scan(input: Arc<dyn ExecutionPlan>, n: usize, config: &dataf
             // Any file of more than one row group splits (DataFusion's default waits for 10 MB).
             let mut config = config.clone();
             config.optimizer.repartition_file_min_size = 0;
-            Ok(input.repartitioned(n, &config)?.unwrap_or(input))
+            let split = input.repartitioned(n, &config)?.unwrap_or(input);
+            // DataFusion lets sibling partitions of a file scan steal each other's files and
+            // row groups unless order must be kept: then partition k would not be byte range k.
+            Ok(split.with_preserve_order(true).unwrap_or(split))
         }
         _ => Ok(input),
     }
@@ -337,6 +340,7 @@ impl ExecutionPlan for ZrecordPartsExec {
         let mut data = self.input.execute(partition, context)?;
         let (target, columns) = (self.target.clone(), self.columns.clone());
         let (key_source, key_start) = order_key(&self.input, partition);
+        log::debug!("part writer for partition {partition} of {} starts at {key_source:?} {key_start}", self.properties.partitioning.partition_count());
         let streams = serde_json::to_string(&DatasetWriter::stream_entries(&self.columns)).map_err(|e| Error::invalid("plan", e.to_string()))?;
         let fut = async move {
             let name = target.part_name();
@@ -495,6 +499,9 @@ fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Res
         }
         // Source order: by file and offset (or first id); equal keys keep the order reported.
         parts.sort_by(|a, b| a.key.cmp(&b.key));
+        for p in &parts {
+            log::debug!("COPY to {}: part {} ({} records) starts at {:?}", target.dest.display(), p.entry.path, p.entry.record_count, p.key);
+        }
         if parts.windows(2).any(|w| w[0].key == w[1].key && w[0].key.1 != u64::MAX) {
             return Err(Error::invalid("parts", format!("COPY to {}: two parts start at the same place of the input (written twice?)", target.dest.display())));
         }

@@ -129,6 +129,8 @@ def test_distributed_copy_to_s3_equals_single_node(s3, cluster, source, tmp_path
     got, ds = stream_records(dist_url)
     want, ds_local = stream_records(tmp_path / "one")
     assert len(ds) == N
+    ks = got.column("k").to_pylist()
+    assert ks == list(range(N)), ([ks[i] for i in range(0, N, 150)], s3.client.get_object(Bucket=bucket, Key="dist/dataset.json")["Body"].read().decode())
     assert got.equals(want)
     # ... the Parquet rows, in file order.
     for c in ("k", "label", "text", "tokens"):
