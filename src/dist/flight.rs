@@ -63,7 +63,7 @@ fn decode_ticket(t: &[u8]) -> Option<(String, Vec<u64>)> {
     let n = u32::from_le_bytes(t.get(..4)?.try_into().ok()?) as usize;
     let name = std::str::from_utf8(t.get(4..4usize.checked_add(n)?)?).ok()?.to_string();
     let rest = &t[4 + n..];
-    if rest.len() % 8 != 0 {
+    if !rest.len().is_multiple_of(8) {
         return None;
     }
     Some((name, rest.chunks_exact(8).map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()))

@@ -106,7 +106,7 @@ impl SharedRows {
         if !self.writable {
             return Err(Error::invalid("update", format!("'{}' is another rank's shard; only its owner writes it", self.name)));
         }
-        if self.row_bytes == 0 || bytes.len() % self.row_bytes != 0 {
+        if self.row_bytes == 0 || !bytes.len().is_multiple_of(self.row_bytes) {
             return Err(Error::ShapeMismatch { expected: format!("whole rows of {} bytes", self.row_bytes), found: format!("{} bytes", bytes.len()) });
         }
         let n = (bytes.len() / self.row_bytes) as u64;

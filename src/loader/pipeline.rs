@@ -253,7 +253,7 @@ impl<T: Send + 'static> Loader<T> {
             return Err(Error::invalid("rank", format!("rank {} is not in 0..{}", options.rank, options.world_size)));
         }
         let parts = options.world_size.checked_mul(positions).filter(|&p| p <= global_batch.max(1));
-        if global_batch == 0 || parts.is_none_or(|p| global_batch % p != 0) {
+        if global_batch == 0 || parts.is_none_or(|p| !global_batch.is_multiple_of(p)) {
             return Err(Error::invalid(
                 "batch_size",
                 format!("the global batch of {global_batch} must divide evenly by world_size {} x {positions} view positions", options.world_size),

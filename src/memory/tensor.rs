@@ -108,7 +108,7 @@ impl Tensor {
             return Err(Error::DtypeMismatch { expected: self.dtype.to_string(), found: T::DTYPE.to_string() });
         }
         let p = self.data_ptr();
-        if (p as usize) % std::mem::align_of::<T>() != 0 {
+        if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Error::invalid("tensor", "data is not aligned for the element type"));
         }
         // SAFETY: dtype matches `T` (same size, POD), the pointer is aligned for `T` and the
@@ -148,7 +148,7 @@ impl Tensor {
     /// The same bytes as another dtype and shape of equal byte size (no copy).
     pub fn reinterpret(&self, dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
         let n = numel(&shape).and_then(|n| n.checked_mul(dtype.size()));
-        if n != Some(self.nbytes()) || (self.data_ptr() as usize) % dtype.size() != 0 {
+        if n != Some(self.nbytes()) || !(self.data_ptr() as usize).is_multiple_of(dtype.size()) {
             return Err(Error::ShapeMismatch { expected: format!("{} bytes", self.nbytes()), found: format!("{dtype} {shape:?}") });
         }
         Ok(Tensor { alloc: self.alloc.clone(), offset: self.offset, dtype, shape })
@@ -462,7 +462,7 @@ impl<'a> TensorView<'a> {
         }
         self.check(what)?;
         let n = self.bytes.len() / std::mem::size_of::<T>();
-        if (self.bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
+        if (self.bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
             // SAFETY: aligned, in bounds, POD element type (checked dtype).
             Ok(std::borrow::Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<T>(), n) }))
         } else {

@@ -432,14 +432,16 @@ pub struct SchedulerOptions {
 pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
     use ballista_scheduler::cluster::BallistaCluster;
     use ballista_scheduler::config::SchedulerConfig;
-    let mut config = SchedulerConfig::default();
-    config.bind_host = opts.bind.ip().to_string();
-    config.bind_port = opts.bind.port();
-    config.external_host = opts.external_host.unwrap_or_else(|| opts.bind.ip().to_string());
-    config.override_logical_codec = Some(Arc::new(ZrecordLogicalCodec::default()));
-    config.override_physical_codec = Some(Arc::new(ZrecordPhysicalCodec::default()));
-    config.override_session_builder = Some(Arc::new(scheduler_state));
-    config.override_config_producer = Some(Arc::new(|| ballista_config(0)));
+    let config = SchedulerConfig {
+        bind_host: opts.bind.ip().to_string(),
+        bind_port: opts.bind.port(),
+        external_host: opts.external_host.unwrap_or_else(|| opts.bind.ip().to_string()),
+        override_logical_codec: Some(Arc::new(ZrecordLogicalCodec::default())),
+        override_physical_codec: Some(Arc::new(ZrecordPhysicalCodec::default())),
+        override_session_builder: Some(Arc::new(scheduler_state)),
+        override_config_producer: Some(Arc::new(|| ballista_config(0))),
+        ..SchedulerConfig::default()
+    };
     let cluster = BallistaCluster::new_from_config(&config).await.map_err(ballista_err)?;
     ballista_scheduler::scheduler_process::start_server(cluster, opts.bind, Arc::new(config)).await.map_err(ballista_err)
 }

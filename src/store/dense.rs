@@ -74,7 +74,7 @@ impl DenseWriter {
     /// Append typed elements whose count is a multiple of the item size.
     pub fn append_slice<T: Element>(&mut self, data: &[T]) -> Result<()> {
         let per = self.item_shape.iter().product::<usize>();
-        if per == 0 || data.len() % per != 0 {
+        if per == 0 || !data.len().is_multiple_of(per) {
             return Err(Error::ShapeMismatch {
                 expected: format!("a multiple of {per} elements (item shape {:?})", self.item_shape),
                 found: format!("{} elements", data.len()),

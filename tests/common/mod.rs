@@ -10,7 +10,7 @@ pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     while v.len() < n {
         let x = r.next_u64();
         // Mix compressible runs with noise so codecs do real work.
-        if x % 3 == 0 {
+        if x.is_multiple_of(3) {
             v.extend(std::iter::repeat_n((x >> 8) as u8, ((x >> 16) % 9) as usize));
         } else {
             v.extend_from_slice(&x.to_le_bytes()[..((x >> 20) % 8 + 1) as usize]);
