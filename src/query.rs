@@ -42,6 +42,33 @@ macro_rules! leaf_exec_methods {
     };
 }
 
+/// The `ExecutionPlan` methods shared by the one-input operators here (the input in
+/// `self.input`, no expressions, properties computed once in `self.properties`); the operator
+/// implements `replace_children`.
+macro_rules! unary_exec_methods {
+    () => {
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.properties
+        }
+
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![&self.input]
+        }
+
+        fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+
+        fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+            vec![false]
+        }
+
+        fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+            self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+        }
+    };
+}
+
 /// Dataset roots (moved to the storage layer; re-exported here for existing callers).
 pub mod dataset {
     pub use crate::arrow::DatasetWriter;

@@ -301,22 +301,8 @@ impl ExecutionPlan for ZrecordPartsExec {
         "ZrecordPartsExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        // Partition k is part k: repartitioning would reorder the records.
-        vec![false]
-    }
+    // Never repartitioned: partition k of the input is one part, in order.
+    unary_exec_methods!();
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
@@ -329,10 +315,6 @@ impl ExecutionPlan for ZrecordPartsExec {
     fn replace_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordPartsExec takes one input"))?;
         Ok(Arc::new(ZrecordPartsExec::new(input, self.target.clone())?))
-    }
-
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
@@ -424,21 +406,7 @@ impl ExecutionPlan for ZrecordCommitExec {
         "ZrecordCommitExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    unary_exec_methods!();
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
         vec![Distribution::SinglePartition]
@@ -447,10 +415,6 @@ impl ExecutionPlan for ZrecordCommitExec {
     fn replace_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>, _: ReplaceChildrenOptions) -> DfResult<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordCommitExec takes one input"))?;
         Ok(Arc::new(ZrecordCommitExec::new(input, self.target.clone(), self.expected)))
-    }
-
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -54,3 +56,26 @@ def writer_kwargs(codec, arrays):
 def alloc():
     with zrecord.Allocator("cpu", pool_size=64 << 20) as a:
         yield a
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on loopback for one test module, its settings in the environment
+    (restored afterwards)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    from _servers import S3Server
+
+    srv = S3Server()
+    saved = {k: os.environ.get(k) for k in srv.env}
+    os.environ.update(srv.env)
+    try:
+        yield srv
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        srv.close()
+

@@ -4,6 +4,7 @@ real S3 server (moto) and on local disk. Results equal single-node DataFusion's.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -20,7 +21,6 @@ pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
-from _servers import S3Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3000
@@ -39,22 +39,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    srv = S3Server()
-    saved = {k: os.environ.get(k) for k in srv.env}
-    os.environ.update(srv.env)
-    try:
-        yield srv
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        srv.close()
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +153,25 @@ def _tiny_store(tmp_path):
     with zrecord.DenseWriter(path, np.int64, (), "raw") as w:
         w.append(np.arange(10, dtype=np.int64))
     return path
+
+
+def test_cli_sql_on_ballista(cluster, source, tmp_path):
+    """`zrec sql --ballista`: a distributed COPY from the command line, then a query over it."""
+    table, path = source
+    hostport = cluster.removeprefix("df://")
+    out = tmp_path / "cli_root"
+    zrec = zrec_bin()
+    copy = f"COPY (SELECT k, text FROM '{path}' WHERE label = 4) TO '{out}' STORED AS ZRECORD"
+    r = subprocess.run([zrec, "sql", "--ballista", hostport, "--partitions", "3", copy], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    want = [k for k, lab in zip(table.column("k").to_pylist(), table.column("label").to_pylist()) if lab == 4]
+    back = zrecord.SessionContext().sql(f"SELECT k FROM '{out}' ORDER BY _id").to_arrow().column(0).to_pylist()
+    assert back == want
+    manifest = json.loads((out / "dataset.json").read_text())
+    assert manifest["version"] == 2 and len(manifest["parts"]) == 3, manifest
+    r = subprocess.run([zrec, "sql", "--ballista", hostport, f"SELECT count(*) AS n, sum(k) AS s FROM '{out}'"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert str(len(want)) in r.stdout and str(sum(want)) in r.stdout, r.stdout
+    # A bad scheduler address is a clear error, not a hang.
+    r = subprocess.run([zrec, "sql", "--ballista", "127.0.0.1:1", "SELECT 1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "127.0.0.1:1" in r.stderr, r.stderr

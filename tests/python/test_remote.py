@@ -15,29 +15,13 @@ import numpy as np
 import pytest
 
 import zrecord
-from _servers import DelayProxy, RangeServer, S3Server
+from _servers import DelayProxy, RangeServer
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 300
-
-
-@pytest.fixture(scope="module")
-def s3():
-    srv = S3Server()
-    saved = {k: os.environ.get(k) for k in srv.env}
-    os.environ.update(srv.env)
-    try:
-        yield srv
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        srv.close()
 
 
 _bucket_n = [0]
