@@ -81,27 +81,31 @@ impl ConcatSource {
     }
 
     /// The one part holding every id of `ids` (validated), as that part's ids, if there is one.
-    fn within_one(&self, ids: &Ids<'_>) -> Option<(usize, Ids<'static>, Vec<u64>)> {
+    fn within_one<'a>(&self, ids: &Ids<'a>) -> Option<(usize, Local<'a>)> {
         if ids.is_empty() {
             return None;
         }
         let (k, _) = self.locate(ids.get(0));
         let (lo, hi) = (self.starts[k], self.starts[k + 1]);
-        match ids {
+        let inside = |x: u64| x >= lo && x < hi;
+        match *ids {
             Ids::Range { start, step, len } => {
-                let last = (*start as i128 + *step as i128 * (*len as i128 - 1)) as u64;
-                let inside = |x: u64| x >= lo && x < hi;
-                (inside(*start) && inside(last)).then(|| (k, Ids::Range { start: start - lo, step: *step, len: *len }, Vec::new()))
+                let last = (start as i128 + step as i128 * (len as i128 - 1)) as u64;
+                (inside(start) && inside(last)).then(|| (k, Local::Ids(Ids::Range { start: start - lo, step, len })))
             }
-            Ids::List(l) => {
-                if l.iter().all(|&x| x >= lo && x < hi) {
-                    Some((k, Ids::Range { start: 0, step: 0, len: 0 }, l.iter().map(|&x| x - lo).collect()))
-                } else {
-                    None
-                }
+            Ids::List(l) if l.iter().all(|&x| inside(x)) => {
+                // The first part's ids are the global ids: no copy.
+                Some((k, if lo == 0 { Local::Ids(Ids::List(l)) } else { Local::Shifted(l.iter().map(|&x| x - lo).collect()) }))
             }
+            Ids::List(_) => None,
         }
     }
+}
+
+/// A batch's ids as one part's ids.
+enum Local<'a> {
+    Ids(Ids<'a>),
+    Shifted(Vec<u64>),
 }
 
 impl RecordSource for ConcatSource {
@@ -130,9 +134,11 @@ impl RecordSource for ConcatSource {
         if ids.is_empty() {
             return self.parts[0].gather(Ids::List(&[]), allocator, options);
         }
-        if let Some((k, range, list)) = self.within_one(&ids) {
-            let local = if list.is_empty() { range } else { Ids::List(&list) };
-            return self.parts[k].gather(local, allocator, options);
+        if let Some((k, local)) = self.within_one(&ids) {
+            return match local {
+                Local::Ids(i) => self.parts[k].gather(i, allocator, options),
+                Local::Shifted(v) => self.parts[k].gather(Ids::List(&v), allocator, options),
+            };
         }
         // Spanning parts: one gather per part, then placed in batch order.
         let mut groups: Vec<Group> = (0..self.parts.len()).map(|_| Group::default()).collect();

@@ -9,6 +9,28 @@ import socket
 import socketserver
 import threading
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def zrec_bin():
+    """The `zrec` binary the tests run (ZREC_BIN, else the cargo target folder); skip if unbuilt."""
+    import pytest
+
+    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
+    if not os.path.exists(zrec):
+        if os.environ.get("ZREC_BIN"):
+            raise AssertionError(f"ZREC_BIN={zrec} does not exist")
+        pytest.skip("zrec binary not built (set ZREC_BIN)")
+    return zrec
+
+
+def free_port():
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class RangeServer:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import zrecord
+from _servers import free_port, zrec_bin
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -22,23 +21,7 @@ pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
 
-ROOT = Path(__file__).resolve().parents[2]
 N = 3000
-
-
-def zrec_bin():
-    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
-    if not os.path.exists(zrec):
-        if os.environ.get("ZREC_BIN"):
-            raise AssertionError(f"ZREC_BIN={zrec} does not exist")
-        pytest.skip("zrec binary not built (set ZREC_BIN)")
-    return zrec
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

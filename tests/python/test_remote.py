@@ -9,18 +9,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import zrecord
-from _servers import DelayProxy, RangeServer
+from _servers import DelayProxy, RangeServer, zrec_bin
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
-ROOT = Path(__file__).resolve().parents[2]
 N = 300
 
 
@@ -56,15 +54,6 @@ def ragged_rows(batch):
     cu = np.from_dlpack(batch.cu_seqlens)
     vals = np.from_dlpack(batch.values)
     return [vals[cu[k] : cu[k + 1]] for k in range(len(cu) - 1)]
-
-
-def zrec_bin():
-    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
-    if not os.path.exists(zrec):
-        if os.environ.get("ZREC_BIN"):
-            raise AssertionError(f"ZREC_BIN={zrec} does not exist")
-        pytest.skip("zrec binary not built (set ZREC_BIN)")
-    return zrec
 
 
 IDS = [299, 0, 17, 17, 150, 3, 298, 100, 5, 5, 200]
