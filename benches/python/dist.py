@@ -131,6 +131,50 @@ def rma_worker(args):
         print(json.dumps(res), flush=True)
 
 
+def tcp_worker(args):
+    """The floor of any request/response transport across the namespaces: one TCP socket,
+    an 8-byte request, the batch's bytes back (`sendall` from / `recv_into` a preallocated
+    buffer: no framing, no copies in user space)."""
+    import socket
+
+    elems, _ = ROW_KINDS[args.kind]
+    n = BATCH * elems * 4
+    if args.tcp == "server":
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("10.78.0.1", 9917))
+        s.listen(1)
+        print("ready", flush=True)
+        c, _ = s.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        src = memoryview(np.ones(n, np.uint8))
+        while len(c.recv(8)) == 8:
+            c.sendall(src)
+        return
+    c = socket.create_connection(("10.78.0.1", 9917))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    dst = memoryview(np.empty(n, np.uint8))
+
+    def one():
+        c.sendall(b"\0" * 8)
+        got = 0
+        while got < n:
+            got += c.recv_into(dst[got:], n - got)
+
+    t = timeit(one, args.rounds)
+    print(json.dumps({"batch_us_row": t / BATCH * 1e6, "gbps": n / t / 1e9}), flush=True)
+
+
+def run_tcp(kind, rounds, ns_names):
+    server = subprocess.Popen(["ip", "netns", "exec", ns_names[0], sys.executable, __file__, "--tcp", "server", "--kind", kind], stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()
+        p = subprocess.run(["ip", "netns", "exec", ns_names[1], sys.executable, __file__, "--tcp", "client", "--kind", kind, "--rounds", str(rounds)], capture_output=True, text=True, timeout=600)
+        return json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
+    finally:
+        server.wait(timeout=60)
+
+
 def netns_setup(tag):
     sh = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
     ns = [f"{tag}a", f"{tag}b"]
@@ -210,7 +254,10 @@ def main():
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--local", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tcp", choices=["server", "client"])
     args = ap.parse_args()
+    if args.tcp:
+        return tcp_worker(args)
     if args.worker:
         return worker(args)
     if args.rma_worker:
@@ -231,14 +278,15 @@ def main():
                 rma_ns = run_rma(kind, size, rounds, ns_names) if can_ns else None
                 same = run_ranks(kind, size, "host", rounds, local=True)
                 cross = run_ranks(kind, size, "netns", rounds, ns_names) if can_ns else None
-                rows.append((kind, size, same, cross, rma, rma_ns))
-                print(kind, size, json.dumps({"same": same, "cross": cross, "rma": rma, "rma_ns": rma_ns}), file=sys.stderr, flush=True)
+                tcp = run_tcp(kind, rounds, ns_names) if can_ns else None
+                rows.append((kind, size, same, cross, rma, rma_ns, tcp))
+                print(kind, size, json.dumps({"same": same, "cross": cross, "rma": rma, "rma_ns": rma_ns, "tcp": tcp}), file=sys.stderr, flush=True)
     finally:
         if ns_names:
             netns_teardown(ns_names)
-    print("| rows | ranks | layout | get_batch us/row | GB/s | per-row get us | mpi4py RMA batched us/row | RMA per-row us | batched vs RMA | vs local store gather |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for kind, size, same, cross, rma_host, rma_ns in rows:
+    print("| rows | ranks | layout | get_batch us/row | GB/s | per-row get us | mpi4py RMA batched us/row | RMA per-row us | batched vs RMA | vs local store gather | raw TCP floor us/row |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for kind, size, same, cross, rma_host, rma_ns, tcp in rows:
         for layout, r, rma in (("same host", same, rma_host), ("2 namespaces", cross, rma_ns)):
             if r is None:
                 continue
@@ -246,7 +294,8 @@ def main():
             rma_r = f"{rma['row_us']:.1f}" if rma else "n/a"
             ratio = f"{rma['batch_us_row'] / r['batch_us_row']:.1f}x" if rma else "n/a"
             local = f"{r['batch_us_row'] / same['local_us_row']:.2f}x" if layout == "same host" else ""
-            print(f"| {kind} | {size} | {layout} | {r['batch_us_row']:.2f} | {r['gbps']:.2f} | {r['row_us']:.1f} | {rma_b} | {rma_r} | {ratio} | {local} |")
+            floor = f"{tcp['batch_us_row']:.2f}" if tcp and layout != "same host" else ""
+            print(f"| {kind} | {size} | {layout} | {r['batch_us_row']:.2f} | {r['gbps']:.2f} | {r['row_us']:.1f} | {rma_b} | {rma_r} | {ratio} | {local} | {floor} |")
 
 
 if __name__ == "__main__":

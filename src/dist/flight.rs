@@ -11,14 +11,12 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, FixedSizeBinaryArray, FixedSizeListArray, LargeBinaryArray, RecordBatch, UInt64Array};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
-use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse, PollInfo, PutResult,
-    SchemaResult, Ticket,
-};
+use arrow_flight::{FlightData, Ticket};
+use bytes::Bytes;
 use arrow_schema::{DataType, Field, Schema};
+use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use crate::arrow::tensor_buffer;
 use crate::error::{Error, Result};
@@ -33,8 +31,6 @@ pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
 pub(crate) const CONNECTION_WINDOW: u32 = 64 << 20;
 /// HTTP/2 frames up to 1 MiB (the 16 KiB default cuts a row of 1 MB into 64 frames).
 pub(crate) const MAX_FRAME: u32 = 1 << 20;
-/// Gathers of shared-memory rows up to this size run on the reactor thread itself.
-const INLINE_BYTES: usize = 1 << 20;
 /// Flight messages are cut at about this many bytes of rows.
 const FLIGHT_DATA_BYTES: usize = 4 << 20;
 
@@ -153,13 +149,12 @@ pub(crate) fn shape_values(s: &FixedSizeListArray) -> Option<&[u64]> {
     v.values().get(s.offset() * w..(s.offset() + s.len()) * w)
 }
 
-/// The Flight service of one rank.
+/// What the Flight service of one rank reads: its shards and where gathers of store-backed
+/// shards land.
 pub(crate) struct ShardService {
     pub(crate) shards: Shards,
     pub(crate) allocator: Allocator,
 }
-
-type TonicStream<T> = BoxStream<'static, std::result::Result<T, Status>>;
 
 fn status(e: Error) -> Status {
     match e {
@@ -168,79 +163,229 @@ fn status(e: Error) -> Status {
     }
 }
 
-#[tonic::async_trait]
-impl FlightService for ShardService {
-    type HandshakeStream = TonicStream<HandshakeResponse>;
-    type ListFlightsStream = TonicStream<FlightInfo>;
-    type DoGetStream = TonicStream<FlightData>;
-    type DoPutStream = TonicStream<PutResult>;
-    type DoActionStream = TonicStream<arrow_flight::Result>;
-    type ListActionsStream = TonicStream<ActionType>;
-    type DoExchangeStream = TonicStream<FlightData>;
+/// One message of a `DoGet` answer. Dense rows are written into the gRPC frame by the encoder
+/// itself: shared-memory rows straight from the shard, store rows from one gathered buffer
+/// (no Arrow IPC body is assembled first). Everything else (the schema, ragged batches) is an
+/// ordinary `FlightData`.
+pub(crate) enum Reply {
+    Message(FlightData),
+    /// Rows `ids[range]` of a shared-memory shard.
+    Shared { header: Bytes, rows: Arc<crate::dist::shard::SharedRows>, ids: Arc<Vec<u64>>, range: std::ops::Range<usize> },
+    /// Rows already gathered (a slice of one buffer).
+    Gathered { header: Bytes, data: Buffer },
+}
 
-    async fn do_get(&self, request: Request<Ticket>) -> std::result::Result<Response<Self::DoGetStream>, Status> {
-        let (name, ids) = decode_ticket(&request.get_ref().ticket).ok_or_else(|| Status::invalid_argument("malformed ticket"))?;
-        let source = self.shards.read().map_err(|_| Status::internal("shard table poisoned"))?.get(&name).map(|s| {
-            // Shared-memory rows are plain copies: in place up to INLINE_BYTES.
-            let small = s.rows.as_ref().is_some_and(|r| ids.len().saturating_mul(r.row_bytes()) <= INLINE_BYTES);
-            (s.source.clone(), small)
-        });
-        let (source, small) = source.ok_or_else(|| Status::not_found(format!("no variable '{name}' on this rank")))?;
-        let allocator = self.allocator.clone();
-        let gather = move || {
-            let b = source.gather(Ids::List(&ids), &allocator, &ReadOptions { verify_checksums: true, parallel: false })?;
-            batch_to_record_batch(&b)
+/// `n` bytes padded to the 8-byte multiple Arrow IPC bodies use.
+fn padded(n: usize) -> usize {
+    n.next_multiple_of(8)
+}
+
+/// The IPC message header (a flatbuffer `Message` of a `RecordBatch`) of `rows` dense rows of
+/// `row_bytes` each in one `FixedSizeBinary` column without nulls: validity buffer empty, the
+/// values at body offset 0.
+fn dense_header(rows: usize, row_bytes: usize) -> Bytes {
+    use arrow_ipc::{Buffer as IpcBuffer, FieldNode, MessageBuilder, MessageHeader, MetadataVersion, RecordBatchBuilder};
+    let data = rows * row_bytes;
+    let mut fbb = flatbuffers::FlatBufferBuilder::with_capacity(256);
+    let nodes = fbb.create_vector(&[FieldNode::new(rows as i64, 0)]);
+    let buffers = fbb.create_vector(&[IpcBuffer::new(0, 0), IpcBuffer::new(0, data as i64)]);
+    let mut batch = RecordBatchBuilder::new(&mut fbb);
+    batch.add_length(rows as i64);
+    batch.add_nodes(nodes);
+    batch.add_buffers(buffers);
+    let batch = batch.finish();
+    let mut message = MessageBuilder::new(&mut fbb);
+    message.add_version(MetadataVersion::V5);
+    message.add_header_type(MessageHeader::RecordBatch);
+    message.add_header(batch.as_union_value());
+    message.add_bodyLength(padded(data) as i64);
+    let message = message.finish();
+    fbb.finish(message, None);
+    Bytes::copy_from_slice(fbb.finished_data())
+}
+
+/// The schema message every dense answer starts with.
+fn dense_schema(row_bytes: usize) -> FlightData {
+    let schema = Schema::new(vec![Field::new("rows", DataType::FixedSizeBinary(row_bytes as i32), false)]);
+    FlightData::from(arrow_flight::SchemaAsIpc::new(&schema, &arrow_ipc::writer::IpcWriteOptions::default()))
+}
+
+/// Encodes [`Reply`]s as `FlightData` protobuf messages; decodes `Ticket`s.
+#[derive(Clone, Copy, Default)]
+struct ReplyCodec;
+
+impl tonic::codec::Codec for ReplyCodec {
+    type Encode = Reply;
+    type Decode = Ticket;
+    type Encoder = ReplyCodec;
+    type Decoder = ReplyCodec;
+
+    fn encoder(&mut self) -> ReplyCodec {
+        ReplyCodec
+    }
+
+    fn decoder(&mut self) -> ReplyCodec {
+        ReplyCodec
+    }
+}
+
+impl tonic::codec::Decoder for ReplyCodec {
+    type Item = Ticket;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> std::result::Result<Option<Ticket>, Status> {
+        prost::Message::decode(src).map(Some).map_err(|e| Status::invalid_argument(format!("malformed ticket: {e}")))
+    }
+}
+
+impl tonic::codec::Encoder for ReplyCodec {
+    type Item = Reply;
+    type Error = Status;
+
+    fn encode(&mut self, item: Reply, dst: &mut tonic::codec::EncodeBuf<'_>) -> std::result::Result<(), Status> {
+        use bytes::BufMut;
+        use prost::encoding::{encode_key, encode_varint, WireType};
+        let (header, data) = match item {
+            Reply::Message(m) => return prost::Message::encode(&m, dst).map_err(|e| Status::internal(e.to_string())),
+            Reply::Shared { header, rows, ids, range } => (header, Err((rows, ids, range))),
+            Reply::Gathered { header, data } => (header, Ok(data)),
         };
-        // Small gathers run in place (a hand-off to another thread costs more than the copy);
-        // large ones, and stores that may decode or wait for storage, off the reactor threads.
-        let rb = if small { gather() } else { tokio::task::spawn_blocking(gather).await.map_err(|e| Status::internal(format!("gather task failed: {e}")))? }.map_err(status)?;
+        let len = match &data {
+            Ok(b) => b.len(),
+            Err((rows, _, range)) => range.len() * rows.row_bytes(),
+        };
+        // FlightData: data_header = 2, data_body = 1000 (both length-delimited).
+        encode_key(2, WireType::LengthDelimited, dst);
+        encode_varint(header.len() as u64, dst);
+        dst.put_slice(&header);
+        encode_key(1000, WireType::LengthDelimited, dst);
+        encode_varint(padded(len) as u64, dst);
+        match data {
+            Ok(b) => dst.put_slice(b.as_slice()),
+            Err((rows, ids, range)) => {
+                dst.reserve(len);
+                let chunk = dst.chunk_mut();
+                if chunk.len() < len {
+                    return Err(Status::internal("encode buffer smaller than reserved"));
+                }
+                let pos: Vec<usize> = (0..range.len()).collect();
+                // SAFETY: `chunk` is the buffer's spare capacity, at least `len` writable bytes
+                // (checked above), ours alone until `advance_mut`; `copy_rows_to` writes each
+                // of its `len / row_bytes` rows once (it checks the ids against the shard first).
+                let out = unsafe { crate::dist::node::Out::new(chunk.as_mut_ptr(), len, rows.row_bytes()) };
+                rows.copy_rows_to(&ids[range], &pos, &out, false).map_err(status)?;
+                // SAFETY: the `len` bytes after the buffer's end were all written just above.
+                unsafe { dst.advance_mut(len) };
+            }
+        }
+        dst.put_bytes(0, padded(len) - len);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        // Each message is one frame of at most FLIGHT_DATA_BYTES of rows: send it whole.
+        tonic::codec::BufferSettings::new(64 << 10, 1)
+    }
+}
+
+type ReplyStream = BoxStream<'static, std::result::Result<Reply, Status>>;
+
+impl ShardService {
+    /// The answer to one ticket: dense rows cut into messages of about FLIGHT_DATA_BYTES.
+    async fn do_get(&self, ticket: &[u8]) -> std::result::Result<ReplyStream, Status> {
+        let (name, ids) = decode_ticket(ticket).ok_or_else(|| Status::invalid_argument("malformed ticket"))?;
+        let served = self.shards.read().map_err(|_| Status::internal("shard table poisoned"))?.get(&name).cloned();
+        let served = served.ok_or_else(|| Status::not_found(format!("no variable '{name}' on this rank")))?;
+        if let Some(rows) = served.rows {
+            // Shared-memory rows: checked here, copied by the encoder into each frame.
+            let (n, rb) = (rows.len(), rows.row_bytes());
+            if let Some(&bad) = ids.iter().find(|&&i| i >= n) {
+                return Err(status(Error::IndexOutOfRange { index: bad as i128, len: n, store: name.into() }));
+            }
+            let per = (FLIGHT_DATA_BYTES / rb.max(1)).max(1);
+            let ids = Arc::new(ids);
+            let mut replies = vec![Ok(Reply::Message(dense_schema(rb)))];
+            for at in (0..ids.len()).step_by(per) {
+                let range = at..(at + per).min(ids.len());
+                replies.push(Ok(Reply::Shared { header: dense_header(range.len(), rb), rows: rows.clone(), ids: ids.clone(), range }));
+            }
+            return Ok(futures::stream::iter(replies).boxed());
+        }
+        let (source, allocator) = (served.source, self.allocator.clone());
+        // Stores may decode or wait for storage: gathered off the reactor threads.
+        let batch = tokio::task::spawn_blocking(move || source.gather(Ids::List(&ids), &allocator, &ReadOptions { verify_checksums: true, parallel: false }))
+            .await
+            .map_err(|e| Status::internal(format!("gather task failed: {e}")))?
+            .map_err(status)?;
+        if let Batch::Dense(t) = &batch {
+            let (n, buf) = (batch.len(), tensor_buffer(t));
+            let rb = t.nbytes().checked_div(n).unwrap_or(0);
+            let per = (FLIGHT_DATA_BYTES / rb.max(1)).max(1);
+            let mut replies = vec![Ok(Reply::Message(dense_schema(rb)))];
+            for at in (0..n).step_by(per) {
+                let k = per.min(n - at);
+                replies.push(Ok(Reply::Gathered { header: dense_header(k, rb), data: buf.slice_with_length(at * rb, k * rb) }));
+            }
+            return Ok(futures::stream::iter(replies).boxed());
+        }
+        let rb = batch_to_record_batch(&batch).map_err(status)?;
         let stream = FlightDataEncoderBuilder::new()
             .with_max_flight_data_size(FLIGHT_DATA_BYTES)
             .build(futures::stream::once(async move { Ok(rb) }))
+            .map_ok(Reply::Message)
             .map_err(|e| Status::internal(e.to_string()));
-        Ok(Response::new(stream.boxed()))
+        Ok(stream.boxed())
+    }
+}
+
+/// `DoGet` of the Flight protocol served with [`ReplyCodec`].
+struct DoGet(Arc<ShardService>);
+
+impl tonic::server::ServerStreamingService<Ticket> for DoGet {
+    type Response = Reply;
+    type ResponseStream = ReplyStream;
+    type Future = BoxFuture<'static, std::result::Result<Response<ReplyStream>, Status>>;
+
+    fn call(&mut self, request: Request<Ticket>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.do_get(&request.get_ref().ticket).await.map(Response::new) })
+    }
+}
+
+const FLIGHT_SERVICE: &str = "arrow.flight.protocol.FlightService";
+
+/// The Flight service of one rank: `DoGet` (shards are read-only; the other methods answer
+/// `UNIMPLEMENTED`). Any Flight client reads it: the wire format is Flight's.
+#[derive(Clone)]
+pub(crate) struct FlightShards(Arc<ShardService>);
+
+impl tonic::server::NamedService for FlightShards {
+    const NAME: &'static str = FLIGHT_SERVICE;
+}
+
+impl tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>> for FlightShards {
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<'static, std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
     }
 
-    async fn handshake(&self, _: Request<Streaming<HandshakeRequest>>) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented("handshake"))
-    }
-
-    async fn list_flights(&self, _: Request<Criteria>) -> std::result::Result<Response<Self::ListFlightsStream>, Status> {
-        Err(Status::unimplemented("list_flights"))
-    }
-
-    async fn get_flight_info(&self, _: Request<FlightDescriptor>) -> std::result::Result<Response<FlightInfo>, Status> {
-        Err(Status::unimplemented("get_flight_info"))
-    }
-
-    async fn poll_flight_info(&self, _: Request<FlightDescriptor>) -> std::result::Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented("poll_flight_info"))
-    }
-
-    async fn get_schema(&self, _: Request<FlightDescriptor>) -> std::result::Result<Response<SchemaResult>, Status> {
-        Err(Status::unimplemented("get_schema"))
-    }
-
-    async fn do_put(&self, _: Request<Streaming<FlightData>>) -> std::result::Result<Response<Self::DoPutStream>, Status> {
-        Err(Status::unimplemented("shards are read-only"))
-    }
-
-    async fn do_exchange(&self, _: Request<Streaming<FlightData>>) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
-        Err(Status::unimplemented("do_exchange"))
-    }
-
-    async fn do_action(&self, _: Request<Action>) -> std::result::Result<Response<Self::DoActionStream>, Status> {
-        Err(Status::unimplemented("do_action"))
-    }
-
-    async fn list_actions(&self, _: Request<Empty>) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
-        Err(Status::unimplemented("list_actions"))
+    fn call(&mut self, req: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move {
+            if req.uri().path() != format!("/{FLIGHT_SERVICE}/DoGet") {
+                return Ok(Status::unimplemented(format!("{} (shards are served by DoGet only)", req.uri().path())).into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(ReplyCodec).apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
+            Ok(grpc.server_streaming(DoGet(service), req).await)
+        })
     }
 }
 
 /// Serve `service` on `listener` until `stop` fires.
 pub(crate) async fn serve(service: ShardService, listener: tokio::net::TcpListener, stop: tokio::sync::oneshot::Receiver<()>) {
-    let svc = FlightServiceServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
     let incoming = futures::stream::unfold(listener, |l| async move {
         let r = l.accept().await.map(|(s, _)| {
             let _ = s.set_nodelay(true);
@@ -253,7 +398,7 @@ pub(crate) async fn serve(service: ShardService, listener: tokio::net::TcpListen
         .initial_stream_window_size(Some(STREAM_WINDOW))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .max_frame_size(Some(MAX_FRAME))
-        .add_service(svc)
+        .add_service(FlightShards(Arc::new(service)))
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop.await;
         })
