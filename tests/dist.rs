@@ -317,3 +317,99 @@ fn independent_readers_and_extra_members() {
     let b = view.gather(&[4, 1]).unwrap();
     assert_eq!(b.as_dense().unwrap().as_slice::<i64>().unwrap(), &want_dense(&[4, 1])[..]);
 }
+
+/// A peer is untrusted: answers with more rows than asked, fewer, rows of another width or
+/// garbage are errors naming the rank, and nothing lands outside the batch.
+#[test]
+fn a_peer_answering_wrong_rows_is_an_error_naming_it() {
+    use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+    use arrow_flight::*;
+    use futures::stream::{BoxStream, StreamExt, TryStreamExt};
+    use tonic::{Request, Response, Status, Streaming};
+
+    /// Answers every ticket with `rows` rows of `width` bytes (ids ignored), or bytes that are
+    /// not Arrow at all.
+    struct Liar {
+        rows: usize,
+        width: i32,
+        garbage: bool,
+    }
+    type S<T> = BoxStream<'static, std::result::Result<T, Status>>;
+    #[tonic::async_trait]
+    impl FlightService for Liar {
+        type HandshakeStream = S<HandshakeResponse>;
+        type ListFlightsStream = S<FlightInfo>;
+        type DoGetStream = S<FlightData>;
+        type DoPutStream = S<PutResult>;
+        type DoActionStream = S<arrow_flight::Result>;
+        type ListActionsStream = S<ActionType>;
+        type DoExchangeStream = S<FlightData>;
+        async fn do_get(&self, _: Request<Ticket>) -> std::result::Result<Response<S<FlightData>>, Status> {
+            if self.garbage {
+                let junk = FlightData { data_header: vec![7u8; 40].into(), data_body: vec![1u8; 64].into(), ..Default::default() };
+                return Ok(Response::new(futures::stream::iter([Ok(junk)]).boxed()));
+            }
+            let a = arrow_array::FixedSizeBinaryArray::try_new(self.width, vec![0xABu8; self.rows * self.width as usize].into(), None).unwrap();
+            let b = arrow_array::RecordBatch::try_from_iter([("rows", std::sync::Arc::new(a) as arrow_array::ArrayRef)]).unwrap();
+            let s = arrow_flight::encode::FlightDataEncoderBuilder::new().build(futures::stream::iter([Ok(b)])).map_err(|e| Status::internal(e.to_string()));
+            Ok(Response::new(s.boxed()))
+        }
+        async fn handshake(&self, _: Request<Streaming<HandshakeRequest>>) -> std::result::Result<Response<S<HandshakeResponse>>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn list_flights(&self, _: Request<Criteria>) -> std::result::Result<Response<S<FlightInfo>>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn get_flight_info(&self, _: Request<FlightDescriptor>) -> std::result::Result<Response<FlightInfo>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn poll_flight_info(&self, _: Request<FlightDescriptor>) -> std::result::Result<Response<PollInfo>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn get_schema(&self, _: Request<FlightDescriptor>) -> std::result::Result<Response<SchemaResult>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn do_put(&self, _: Request<Streaming<FlightData>>) -> std::result::Result<Response<S<PutResult>>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn do_exchange(&self, _: Request<Streaming<FlightData>>) -> std::result::Result<Response<S<FlightData>>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn do_action(&self, _: Request<Action>) -> std::result::Result<Response<S<arrow_flight::Result>>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn list_actions(&self, _: Request<Empty>) -> std::result::Result<Response<S<ActionType>>, Status> {
+            Err(Status::unimplemented(""))
+        }
+    }
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Rank 1's shard: 4 rows of 3 int64 (24 bytes). Ids 5, 7 are its rows 1, 3.
+    for (rows, width, garbage, what) in [(3, 24, false, "more than"), (1, 24, false, "answered 1 rows for 2"), (2, 16, false, "rows of 16 bytes"), (0, 0, true, "")] {
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let svc = FlightServiceServer::new(Liar { rows, width, garbage });
+        rt.spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(futures::stream::unfold(listener, |l| async move { Some((l.accept().await.map(|(s, _)| s), l)) })));
+        let nodes = group(2, &opts(Transport::Flight));
+        let m0 = nodes[0].add_rows("x", 4, DType::Int64, vec![3]).unwrap();
+        let m1 = nodes[1].add_rows("x", 4, DType::Int64, vec![3]).unwrap();
+        let mut eps: Vec<_> = nodes.iter().map(|n| n.endpoint().clone()).collect();
+        eps[1].addr = addr.to_string();
+        eps[1].host = "another-host".into();
+        nodes[0].connect(eps).unwrap();
+        nodes[0].define("x", vec![m0, m1]).unwrap();
+        let e = gather(nodes[0].reader(), "x", &[5, 0, 7]).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Peer { rank: 1, .. }), "{msg}");
+        assert!(msg.contains(what), "{msg}");
+        // A direct write into a caller's buffer fails the same way and leaves the rows
+        // outside the batch untouched.
+        let mut out = vec![7i64; 3 * 3 + 3];
+        let src = nodes[0].reader().source("x").unwrap();
+        // SAFETY: `out` holds 12 int64; the gather may write the first 9 (72 bytes) and the
+        // vector outlives the call.
+        let e = unsafe { src.gather_into(Ids::List(&[5, 0, 7]), out.as_mut_ptr().cast::<u8>(), 72, &ReadOptions::default()) }.unwrap_err();
+        assert!(matches!(e, Error::Peer { rank: 1, .. }), "{e}");
+        assert_eq!(&out[9..], &[7, 7, 7]);
+    }
+}

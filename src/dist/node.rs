@@ -662,7 +662,23 @@ struct Group {
     pos: Vec<usize>,
 }
 
-type Pending = tokio::task::JoinHandle<std::result::Result<(Vec<arrow_array::RecordBatch>, u64), (String, bool)>>;
+/// A message of a remote answer as it arrives: request `req` of the gather, one record batch
+/// of it (the answer's messages in order), and with its last one how the request ended (its
+/// time, or the failure and whether it timed out). Requests send these to the gathering
+/// thread, which places each batch's rows while the next are still on the wire; the tasks
+/// never touch the destination, so a gather that fails early leaves nothing writing into it.
+struct Arrival {
+    req: usize,
+    batch: Option<arrow_array::RecordBatch>,
+    done: Option<std::result::Result<u64, (String, bool)>>,
+}
+
+/// A request in flight: the owner, the positions of its ids in the owner's group, rows placed.
+struct InFlight {
+    rank: usize,
+    range: std::ops::Range<usize>,
+    placed: usize,
+}
 
 impl DistSource {
     /// Rows per rank.
@@ -689,53 +705,49 @@ impl DistSource {
     }
 
     /// Start the requests for `group` of `rank` (split into pieces of at most
-    /// `max_request_bytes` for dense rows, 65536 ids for ragged ones).
-    fn send(&self, rank: usize, group: &Group) -> Result<Vec<(std::ops::Range<usize>, Pending)>> {
+    /// `max_request_bytes` for dense rows, 65536 ids for ragged ones); their answers arrive on
+    /// `tx` under their index in `inflight`.
+    fn send(&self, rank: usize, group: &Group, tx: &tokio::sync::mpsc::UnboundedSender<Arrival>, inflight: &mut Vec<InFlight>) -> Result<()> {
         let rb = self.row_bytes();
         let per = self.reader.inner.options.max_request_bytes.checked_div(rb).map_or(1 << 16, |p| p.max(1));
         let channel = self.reader.channel(rank)?;
         let timeout = self.reader.inner.timeout;
         let rt = self.reader.inner.rt.handle()?;
-        let mut out = Vec::new();
         let mut at = 0;
         while at < group.ids.len() {
             let end = (at + per).min(group.ids.len());
             let ticket = flight::encode_ticket(&self.var.name, &group.ids[at..end]);
-            let ch = channel.clone();
-            let h: Pending = rt.spawn(async move {
+            let (ch, tx, req) = (channel.clone(), tx.clone(), inflight.len());
+            rt.spawn(async move {
                 let t0 = Instant::now();
-                let call = async move {
+                let call = async {
                     let mut client = FlightServiceClient::new(ch).max_decoding_message_size(flight::MAX_MESSAGE_BYTES).max_encoding_message_size(flight::MAX_MESSAGE_BYTES);
                     let stream = client.do_get(Ticket { ticket: ticket.into() }).await.map_err(|s| s.message().to_string() + &format!(" [{:?}]", s.code()))?.into_inner();
-                    let batches = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(stream.map_err(arrow_flight::error::FlightError::from))
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok::<_, String>(batches)
+                    let mut batches = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(stream.map_err(arrow_flight::error::FlightError::from));
+                    // Each batch goes out as soon as the next one arrives; the last one with
+                    // the outcome (one wake-up of the gathering thread for a one-message answer).
+                    let mut held = None;
+                    while let Some(b) = batches.try_next().await.map_err(|e| e.to_string())? {
+                        if let Some(prev) = held.replace(b) {
+                            if tx.send(Arrival { req, batch: Some(prev), done: None }).is_err() {
+                                return Ok(None); // the gather gave up: nobody is waiting
+                            }
+                        }
+                    }
+                    Ok::<_, String>(held)
                 };
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(Ok(b)) => Ok((b, t0.elapsed().as_nanos() as u64)),
-                    Ok(Err(m)) => Err((m, false)),
-                    Err(_) => Err((format!("no answer within {:.1} s", timeout.as_secs_f64()), true)),
-                }
+                let end = match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(last)) => Arrival { req, batch: last, done: Some(Ok(t0.elapsed().as_nanos() as u64)) },
+                    Ok(Err(m)) => Arrival { req, batch: None, done: Some(Err((m, false))) },
+                    Err(_) => Arrival { req, batch: None, done: Some(Err((format!("no answer within {:.1} s", timeout.as_secs_f64()), true))) },
+                };
+                let _ = tx.send(end);
             });
-            out.push((at..end, h));
+            inflight.push(InFlight { rank, range: at..end, placed: 0 });
+            self.var.counters.requests.fetch_add(1, Ordering::Relaxed);
             at = end;
         }
-        self.var.counters.requests.fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok(out)
-    }
-
-    /// Wait for one request; a failure names the rank.
-    fn wait(&self, rank: usize, h: Pending, rows: usize) -> Result<Received> {
-        let res = futures::executor::block_on(h).map_err(|e| self.peer_error(rank, format!("request task failed: {e}"), false))?;
-        let (batches, ns) = res.map_err(|(m, t)| self.peer_error(rank, m, t))?;
-        self.var.counters.transfer_ns.fetch_add(ns, Ordering::Relaxed);
-        let got = flight::received(batches, matches!(self.var.layout, Layout::Ragged { .. }), self.row_bytes()).map_err(|m| self.peer_error(rank, m, false))?;
-        if got.rows(self.row_bytes()) != rows {
-            return Err(self.peer_error(rank, format!("answered {} rows for {rows} ids", got.rows(self.row_bytes())), false));
-        }
-        Ok(got)
+        Ok(())
     }
 
     /// Start the requests to remote owners, then read local and same-host shards with
@@ -748,12 +760,14 @@ impl DistSource {
     ) -> Result<()> {
         let routes: Vec<Arc<Route>> = self.var.routes.read().map_err(lock_err)?.clone();
         // Remote requests first, so they are in flight while local shards are read.
-        let mut pending = Vec::new();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut inflight = Vec::new();
         for (r, g) in groups.iter().enumerate() {
             if !g.ids.is_empty() && matches!(*routes[r], Route::Remote) {
-                pending.push((r, self.send(r, g)?));
+                self.send(r, g, &tx, &mut inflight)?;
             }
         }
+        drop(tx);
         let t0 = Instant::now();
         for (r, g) in groups.iter().enumerate() {
             if g.ids.is_empty() {
@@ -770,11 +784,29 @@ impl DistSource {
         }
         let t1 = Instant::now();
         self.var.counters.local_ns.fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
-        for (r, hs) in pending {
-            for (range, h) in hs {
-                let rows = range.len();
-                let got = self.wait(r, h, rows)?;
-                remote(r, range, got)?;
+        // Answers are placed as their messages arrive, in whatever order the owners send them.
+        let (ragged, rb) = (matches!(self.var.layout, Layout::Ragged { .. }), self.row_bytes());
+        let mut open = inflight.len();
+        while open > 0 {
+            let a = futures::executor::block_on(rx.recv()).ok_or_else(|| Error::invalid("gather", format!("a request for '{}' ended without an answer", self.var.name)))?;
+            let f = &mut inflight[a.req];
+            if let Some(b) = a.batch {
+                let got = flight::received(vec![b], ragged, rb).map_err(|m| self.peer_error(f.rank, m, false))?;
+                let n = got.rows(rb);
+                if f.placed + n > f.range.len() {
+                    return Err(self.peer_error(f.rank, format!("answered more than the {} rows asked", f.range.len()), false));
+                }
+                let at = f.range.start + f.placed;
+                remote(f.rank, at..at + n, got)?;
+                f.placed += n;
+            }
+            if let Some(done) = a.done {
+                let ns = done.map_err(|(m, t)| self.peer_error(f.rank, m, t))?;
+                self.var.counters.transfer_ns.fetch_add(ns, Ordering::Relaxed);
+                if f.placed != f.range.len() {
+                    return Err(self.peer_error(f.rank, format!("answered {} rows for {} ids", f.placed, f.range.len()), false));
+                }
+                open -= 1;
             }
         }
         self.var.counters.wait_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
