@@ -2,7 +2,9 @@
 and 1 MB, ranks on one host (shared memory) and in separate network namespaces (Flight over a
 veth link), against mpi4py RMA (Win.Lock / Get / Unlock, the original's method 0) on the same
 data in the same layout (one host: MPICH's shared memory; namespaces: its TCP network module),
-and a local zrecord store gather of the same rows.
+and a local zrecord store gather of the same rows. Across the namespaces it also measures the
+floor of any request/response transport there: one TCP socket, an 8-byte request, the batch's
+bytes back (`sendall` / `recv_into` on preallocated buffers).
 
     python benches/python/dist.py                 # everything this machine allows
     python benches/python/dist.py --quick         # fewer rounds

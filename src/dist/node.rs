@@ -325,8 +325,9 @@ struct Peer {
 /// core at both ends.
 const PEER_CONNECTIONS: usize = 2;
 
-/// Answers at least this large are split into one request per connection.
-const SPLIT_BYTES: usize = 256 << 10;
+/// Answers at least this large are split into one request per connection (smaller ones stay
+/// one request: its round trip costs more than a second stream gains).
+const SPLIT_BYTES: usize = 8 << 20;
 
 struct ReaderInner {
     rank: Option<usize>,
