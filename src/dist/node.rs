@@ -319,10 +319,10 @@ struct Peer {
     channel: Mutex<Option<Vec<Channel>>>,
 }
 
-/// TCP connections a reader keeps to each peer. One TCP stream carries about half of what two
-/// do here (1.9 vs 3.7 ms per 64 MiB across two network namespaces, `benches/python/dist.py`'s
-/// floor): large answers are split over them, so the kernel's work for each runs on its own
-/// core at both ends.
+/// TCP connections a reader keeps to each peer. One TCP stream carried about half of what two
+/// do on the 2-core test VM (743-809 vs 398-458 us per MiB across two network namespaces, raw
+/// sockets): requests are dealt over them and large answers split, so the kernel's work for
+/// each stream can run on its own core at both ends.
 const PEER_CONNECTIONS: usize = 2;
 
 /// Answers at least this large are split into one request per connection (smaller ones stay
