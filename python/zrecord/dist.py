@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import pickle
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -282,6 +283,7 @@ class DistStore(DistReader):
         self._comm = None
         self._rejoin = rejoin
         self._wins: dict[str, tuple] | None = None
+        self._mpi_prof: dict[str, dict] = {}
         if transport == "mpi":
             if comm is None or not hasattr(comm, "Get_rank"):
                 raise ValueError("transport='mpi' needs an mpi4py communicator")
@@ -364,6 +366,7 @@ class DistStore(DistReader):
         buf = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8).copy() if len(rows) else np.zeros((0, 1), np.uint8)
         row = max(buf.shape[1], 1)
         self._wins[name] = (MPI.Win.Create(buf, disp_unit=row, comm=self._comm), buf)
+        self._mpi_prof[name] = dict.fromkeys(("calls", "rows", "bytes", "requests"), 0) | dict.fromkeys(("local", "wait", "transfer"), 0.0)
 
     def _mpi_get(self, name: str, arr: np.ndarray, ids: np.ndarray) -> None:
         from mpi4py import MPI
@@ -375,16 +378,36 @@ class DistStore(DistReader):
             raise IndexError(f"id {int(ids.max())} out of range for '{name}' of {bounds[-1]} rows")
         out = arr.reshape(len(ids), -1).view(np.uint8)
         owners = np.searchsorted(np.asarray(bounds), ids, side="right") - 1
+        prof = self._mpi_prof[name]
         for t in np.unique(owners):
             ks = np.nonzero(owners == t)[0]
             local = ids[ks] - bounds[t]
+            t0 = time.perf_counter()
             if t == self._rank:
                 out[ks] = buf[local]
+                prof["local"] += time.perf_counter() - t0
                 continue
+            # One lock epoch per owner: its Gets complete at Unlock.
             win.Lock(int(t), MPI.LOCK_SHARED)
             for k, i in zip(ks.tolist(), local.tolist()):
                 win.Get([out[k], MPI.BYTE], int(t), target=i)
             win.Unlock(int(t))
+            dt = time.perf_counter() - t0
+            prof["requests"] += 1
+            prof["wait"] += dt
+            prof["transfer"] += dt
+        prof["calls"] += 1
+        prof["rows"] += len(ids)
+        prof["bytes"] += out.nbytes
+
+    def get_profile(self, name: str) -> dict:
+        """As :meth:`DistReader.get_profile`; with ``transport="mpi"`` reads through RMA
+        windows count too (a request is one lock epoch on another rank, its time ``wait`` and
+        ``transfer``; this rank's own rows ``local``)."""
+        prof = super().get_profile(name)
+        for k, v in self._mpi_prof.get(name, {}).items():
+            prof[k] += v
+        return prof
 
     def add(self, name: str, arr) -> None:
         """Register this rank's shard of ``name`` (collective): a C-contiguous array or

@@ -152,6 +152,10 @@ def test_ranks_under_mpiexec(tmp_path, size, transport):
         assert r["errors"] == {"span": "ValueError", "oob": "IndexError", "neg": "IndexError", "rows": "ValueError", "width": "ValueError", "dtype": "TypeError", "name": "ValueError"}
         # Array variables read through RMA windows; the store-backed one ("tok") cannot.
         assert r["mpi_windows"] == (["feat", "lab", "raw", "w"] if transport == "mpi" else []), r["mpi_windows"]
+        # get_profile counts reads of either path: RMA epochs on other ranks are its requests
+        # (one host: shared memory otherwise, no requests).
+        assert r["calls"] > 0, r
+        assert (r["requests"] > 0) == (transport == "mpi"), r
     assert sorted(r["rank"] for r in lines) == list(range(size))
 
 
