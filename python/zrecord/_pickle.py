@@ -7,7 +7,7 @@ import os
 import weakref
 from collections import OrderedDict
 
-from ._zrecord import Allocator, Dataset
+from ._zrecord import Allocator, Dataset, _DistReader
 from ._zrecord import open as _open
 
 # One fresh pool per original pool per process: views pickled together share a pool again.
@@ -49,3 +49,26 @@ def dataset_stream(root, name, alloc, verify_checksums):
     elif key is not None:
         _datasets.move_to_end(key)
     return ds.view(name, alloc, verify_checksums=verify_checksums)
+
+
+# Distributed-store views unpickled in one process share one reader per store (its own
+# connections, made in this process): keyed by process and reader spec.
+_DIST_KEPT = 4
+_dist_readers: "OrderedDict[tuple, _DistReader]" = OrderedDict()
+
+
+def dist_reader(spec):
+    key = (os.getpid(), spec)
+    r = _dist_readers.get(key)
+    if r is None:
+        r = _DistReader.from_spec(spec)
+        _dist_readers[key] = r
+        while len(_dist_readers) > _DIST_KEPT:
+            _dist_readers.popitem(last=False)
+    else:
+        _dist_readers.move_to_end(key)
+    return r
+
+
+def dist_view(spec, name, alloc, verify_checksums):
+    return dist_reader(spec).view(name, alloc, verify_checksums)

@@ -513,7 +513,8 @@ class DistDataset:
     """A ``torch.utils.data.Dataset`` over variables of a distributed store: item ``i`` is a
     dict ``{name: row i}``; ``__getitems__`` (used by DataLoader's batch fetching) reads a
     whole batch with one :meth:`~DistReader.get_batch` per variable. In a forked worker it
-    reads through its own :meth:`~DistReader.fork_reader`."""
+    reads through its own :meth:`~DistReader.fork_reader`; pickled (spawned workers), it
+    reconnects from the reader's spec in the other process."""
 
     def __init__(self, store: DistReader, names: Sequence[str]):
         self._store = store
@@ -555,4 +556,14 @@ class DistDataset:
         return out
 
     def __getstate__(self):
-        raise TypeError("DistDataset is shared with DataLoader workers by fork, not pickled (use the fork start method)")
+        # Pickled as what reconnects (spawned DataLoader workers): the reader's spec.
+        return {"spec": self._store._reader.spec(), "names": self._names, "len": self._len}
+
+    def __setstate__(self, state):
+        from . import _pickle
+
+        self._store = DistReader(_pickle.dist_reader(state["spec"]))
+        self._names = list(state["names"])
+        self._len = int(state["len"])
+        self._pid = os.getpid()
+        self._reader = self._store

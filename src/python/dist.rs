@@ -174,11 +174,16 @@ impl PyDistReader {
 
     /// Variable `name` as a `SourceView`.
     #[pyo3(signature = (name, allocator = None, verify_checksums = true))]
-    fn view(&self, name: &str, allocator: Option<&PyAllocator>, verify_checksums: bool) -> PyResult<PySourceView> {
+    fn view(&self, py: Python<'_>, name: &str, allocator: Option<&PyAllocator>, verify_checksums: bool) -> PyResult<PySourceView> {
         let source = self.reader.source(name).py_err()?;
         let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_default();
         let view = SourceView::new(source, &alloc).with_options(ReadOptions { verify_checksums, parallel: true });
-        Ok(PySourceView::with_reduce(view, None))
+        // Pickled as what reconnects: the reader's spec (endpoints, shards, options) and the
+        // name; the other process reads through a reader of its own (spawned DataLoader workers).
+        let f = py.import("zrecord._pickle")?.getattr("dist_view")?;
+        let args = (self.spec()?, name.to_string(), PyAllocator { inner: alloc }, verify_checksums);
+        let reduce = (f, args).into_pyobject(py)?.into_any().unbind();
+        Ok(PySourceView::with_reduce(view, Some(reduce)))
     }
 
     /// Dense rows `ids` written straight into `out` (a writable C-contiguous DLPack tensor

@@ -223,8 +223,34 @@ def main() -> None:
             store.free()
 
 
+def read_pickled(view_pickle: bytes, dataset_pickle: bytes, ids):
+    """In a spawned process: a pickled view and a pickled DistDataset reconnect by themselves."""
+    import pickle
+
+    view, ds = pickle.loads(view_pickle), pickle.loads(dataset_pickle)
+    rows = np.from_dlpack(view.gather(np.asarray(ids, np.uint64))).copy()
+    items = ds.__getitems__(ids)
+    return rows, items["feat"], items["lab"]
+
+
+def check_spawn(store: DistStore) -> None:
+    import multiprocessing as mp
+    import pickle
+
+    n = total(store.size)
+    ids = np.arange(n)[::-1].copy()
+    ids[1] = ids[0]  # a repeat
+    with mp.get_context("spawn").Pool(1) as pool:
+        rows, f, lab = pool.apply(read_pickled, (pickle.dumps(store.view("feat")), pickle.dumps(DistDataset(store, ["feat", "lab"])), ids))
+    np.testing.assert_array_equal(rows, feat(ids))
+    np.testing.assert_array_equal(f, feat(ids))
+    np.testing.assert_array_equal(lab, ids)
+
+
 def check_fork(store: DistStore) -> dict:
-    """fork_reader in forked workers: a torch DataLoader if torch is installed, else a bare fork."""
+    """fork_reader in forked workers: a torch DataLoader if torch is installed, else a bare fork;
+    then pickled views / datasets in a spawned process."""
+    check_spawn(store)
     n = total(store.size)
     try:
         import torch
