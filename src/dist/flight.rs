@@ -91,55 +91,46 @@ pub(crate) fn batch_to_record_batch(batch: &Batch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
 
-/// Rows received from a peer, in the order asked for.
+/// One answer message's rows, in the order asked for.
 pub(crate) enum Received {
-    /// Dense rows: chunks of `FixedSizeBinary` values, each `row_bytes * rows` long.
-    Dense(Vec<Buffer>),
-    /// Ragged records: `(data, shape)` columns of each received batch.
-    Ragged(Vec<(LargeBinaryArray, FixedSizeListArray)>),
+    /// Dense rows: `FixedSizeBinary` values, `row_bytes * rows` long.
+    Dense(Buffer),
+    /// Ragged records: the `data` and `shape` columns.
+    Ragged(LargeBinaryArray, FixedSizeListArray),
 }
 
 impl Received {
     /// Records received.
     pub(crate) fn rows(&self, row_bytes: usize) -> usize {
         match self {
-            Received::Dense(chunks) => chunks.iter().map(|c| c.len()).sum::<usize>().checked_div(row_bytes).unwrap_or(0),
-            Received::Ragged(parts) => parts.iter().map(|(d, _)| d.len()).sum(),
+            Received::Dense(rows) => rows.len().checked_div(row_bytes).unwrap_or(0),
+            Received::Ragged(d, _) => d.len(),
         }
     }
 }
 
-/// Unpack the record batches of one answer.
-pub(crate) fn received(batches: Vec<RecordBatch>, ragged: bool, row_bytes: usize) -> std::result::Result<Received, String> {
+/// Unpack one record batch of an answer.
+pub(crate) fn received(b: RecordBatch, ragged: bool, row_bytes: usize) -> std::result::Result<Received, String> {
     if ragged {
-        let mut parts = Vec::with_capacity(batches.len());
-        for b in batches {
-            let (Some(d), Some(s)) = (b.column_by_name("data"), b.column_by_name("shape")) else {
-                return Err("an answer without data / shape columns".into());
-            };
-            let d = d.as_binary_opt::<i64>().ok_or("data column is not LargeBinary")?.clone();
-            let s = s.as_fixed_size_list_opt().ok_or("shape column is not a FixedSizeList")?.clone();
-            parts.push((d, s));
-        }
-        Ok(Received::Ragged(parts))
-    } else {
-        let mut chunks = Vec::with_capacity(batches.len());
-        for b in batches {
-            let rows = b.column_by_name("rows").ok_or("an answer without a rows column")?;
-            let a = rows.as_fixed_size_binary_opt().ok_or("rows column is not FixedSizeBinary")?;
-            if a.value_length() as usize != row_bytes {
-                return Err(format!("rows of {} bytes, {row_bytes} expected", a.value_length()));
-            }
-            let data = a.to_data();
-            let buf = data.buffers().first().ok_or("rows column without a buffer")?;
-            let (start, len) = (a.offset() * row_bytes, a.len() * row_bytes);
-            if start + len > buf.len() {
-                return Err(format!("rows column of {} bytes, {} expected", buf.len(), start + len));
-            }
-            chunks.push(buf.slice_with_length(start, len));
-        }
-        Ok(Received::Dense(chunks))
+        let (Some(d), Some(s)) = (b.column_by_name("data"), b.column_by_name("shape")) else {
+            return Err("an answer without data / shape columns".into());
+        };
+        let d = d.as_binary_opt::<i64>().ok_or("data column is not LargeBinary")?.clone();
+        let s = s.as_fixed_size_list_opt().ok_or("shape column is not a FixedSizeList")?.clone();
+        return Ok(Received::Ragged(d, s));
     }
+    let rows = b.column_by_name("rows").ok_or("an answer without a rows column")?;
+    let a = rows.as_fixed_size_binary_opt().ok_or("rows column is not FixedSizeBinary")?;
+    if a.value_length() as usize != row_bytes {
+        return Err(format!("rows of {} bytes, {row_bytes} expected", a.value_length()));
+    }
+    let data = a.to_data();
+    let buf = data.buffers().first().ok_or("rows column without a buffer")?;
+    let (start, len) = (a.offset() * row_bytes, a.len() * row_bytes);
+    if start + len > buf.len() {
+        return Err(format!("rows column of {} bytes, {} expected", buf.len(), start + len));
+    }
+    Ok(Received::Dense(buf.slice_with_length(start, len)))
 }
 
 /// The u64 shape values of a received ragged part (`len * ndim`).
@@ -290,6 +281,14 @@ impl tonic::codec::Encoder for ReplyCodec {
 
 type ReplyStream = BoxStream<'static, std::result::Result<Reply, Status>>;
 
+/// A dense answer of `n` rows of `rb` bytes: the schema, then one message per range of about
+/// FLIGHT_DATA_BYTES of rows (at least one row each).
+fn dense_replies(n: usize, rb: usize, message: impl Fn(std::ops::Range<usize>) -> Reply) -> ReplyStream {
+    let per = (FLIGHT_DATA_BYTES / rb.max(1)).max(1);
+    let messages = (0..n).step_by(per).map(|at| Ok(message(at..(at + per).min(n))));
+    futures::stream::iter(std::iter::once(Ok(Reply::Message(dense_schema(rb)))).chain(messages).collect::<Vec<_>>()).boxed()
+}
+
 impl ShardService {
     /// The answer to one ticket: dense rows cut into messages of about FLIGHT_DATA_BYTES.
     async fn do_get(&self, ticket: &[u8]) -> std::result::Result<ReplyStream, Status> {
@@ -302,14 +301,8 @@ impl ShardService {
             if let Some(&bad) = ids.iter().find(|&&i| i >= n) {
                 return Err(status(Error::IndexOutOfRange { index: bad as i128, len: n, store: name.into() }));
             }
-            let per = (FLIGHT_DATA_BYTES / rb.max(1)).max(1);
             let ids = Arc::new(ids);
-            let mut replies = vec![Ok(Reply::Message(dense_schema(rb)))];
-            for at in (0..ids.len()).step_by(per) {
-                let range = at..(at + per).min(ids.len());
-                replies.push(Ok(Reply::Shared { header: dense_header(range.len(), rb), rows: rows.clone(), ids: ids.clone(), range }));
-            }
-            return Ok(futures::stream::iter(replies).boxed());
+            return Ok(dense_replies(ids.len(), rb, |range| Reply::Shared { header: dense_header(range.len(), rb), rows: rows.clone(), ids: ids.clone(), range }));
         }
         let (source, allocator) = (served.source, self.allocator.clone());
         // Stores may decode or wait for storage: gathered off the reactor threads.
@@ -320,13 +313,7 @@ impl ShardService {
         if let Batch::Dense(t) = &batch {
             let (n, buf) = (batch.len(), tensor_buffer(t));
             let rb = t.nbytes().checked_div(n).unwrap_or(0);
-            let per = (FLIGHT_DATA_BYTES / rb.max(1)).max(1);
-            let mut replies = vec![Ok(Reply::Message(dense_schema(rb)))];
-            for at in (0..n).step_by(per) {
-                let k = per.min(n - at);
-                replies.push(Ok(Reply::Gathered { header: dense_header(k, rb), data: buf.slice_with_length(at * rb, k * rb) }));
-            }
-            return Ok(futures::stream::iter(replies).boxed());
+            return Ok(dense_replies(n, rb, |r| Reply::Gathered { header: dense_header(r.len(), rb), data: buf.slice_with_length(r.start * rb, r.len() * rb) }));
         }
         let rb = batch_to_record_batch(&batch).map_err(status)?;
         let stream = FlightDataEncoderBuilder::new()

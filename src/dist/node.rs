@@ -808,7 +808,7 @@ impl DistSource {
             let a = futures::executor::block_on(rx.recv()).ok_or_else(|| Error::invalid("gather", format!("a request for '{}' ended without an answer", self.var.name)))?;
             let f = &mut inflight[a.req];
             if let Some(b) = a.batch {
-                let got = flight::received(vec![b], ragged, rb).map_err(|m| self.peer_error(f.rank, m, false))?;
+                let got = flight::received(b, ragged, rb).map_err(|m| self.peer_error(f.rank, m, false))?;
                 let n = got.rows(rb);
                 if f.placed + n > f.range.len() {
                     return Err(self.peer_error(f.rank, format!("answered more than the {} rows asked", f.range.len()), false));
@@ -852,13 +852,9 @@ impl DistSource {
                 Ok(())
             },
             |r, range, got| {
-                let Received::Dense(chunks) = got else { return Err(self.peer_error(r, "sent ragged rows".into(), false)) };
-                let mut at = range.start;
-                for c in &chunks {
-                    for row in c.as_slice().chunks_exact(rb.max(1)) {
-                        out.put(groups[r].pos[at], row)?;
-                        at += 1;
-                    }
+                let Received::Dense(rows) = got else { return Err(self.peer_error(r, "sent ragged rows".into(), false)) };
+                for (&p, row) in groups[r].pos[range.clone()].iter().zip(rows.as_slice().chunks_exact(rb.max(1))) {
+                    out.put(p, row)?;
                 }
                 written.fetch_add(range.len() as u64, Ordering::Relaxed);
                 Ok(())
@@ -902,18 +898,14 @@ impl DistSource {
             }
         }
         for (r, range, got) in &remote {
-            let Received::Ragged(parts) = got else { return Err(self.peer_error(*r, "sent dense rows".into(), false)) };
-            let mut at = range.start;
-            for (data, shape_col) in parts {
-                let shapes = flight::shape_values(shape_col).ok_or_else(|| self.peer_error(*r, "malformed shape column".into(), false))?;
-                if shape_col.value_length() as usize != ndim || shapes.len() != data.len() * ndim {
-                    return Err(self.peer_error(*r, format!("shapes of {} dims, {ndim} expected", shape_col.value_length()), false));
-                }
-                for k in 0..data.len() {
-                    let shape = shapes[k * ndim..(k + 1) * ndim].iter().map(|&d| d as usize).collect();
-                    slots[groups[*r].pos[at + k]] = Some(TensorView::new(data.value(k), dtype, shape));
-                }
-                at += data.len();
+            let Received::Ragged(data, shape_col) = got else { return Err(self.peer_error(*r, "sent dense rows".into(), false)) };
+            let shapes = flight::shape_values(shape_col).ok_or_else(|| self.peer_error(*r, "malformed shape column".into(), false))?;
+            if shape_col.value_length() as usize != ndim || shapes.len() != data.len() * ndim {
+                return Err(self.peer_error(*r, format!("shapes of {} dims, {ndim} expected", shape_col.value_length()), false));
+            }
+            for k in 0..data.len() {
+                let shape = shapes[k * ndim..(k + 1) * ndim].iter().map(|&d| d as usize).collect();
+                slots[groups[*r].pos[range.start + k]] = Some(TensorView::new(data.value(k), dtype, shape));
             }
         }
         let views: Vec<TensorView<'_>> = slots.into_iter().enumerate().map(|(k, s)| s.ok_or_else(|| Error::invalid("gather", format!("row {k} of '{}' never arrived", self.var.name)))).collect::<Result<_>>()?;
