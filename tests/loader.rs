@@ -104,6 +104,38 @@ fn in_flight_is_bounded_and_close_is_prompt_while_blocked() {
     assert!(l.next().is_none());
 }
 
+/// Workers hold up to `workers + prefetch` batches, plus the consumer's: with a pool smaller
+/// than that, regions must still be reused rather than freed and allocated again each time the
+/// consumer catches up (the loader raises the allocator's idle floor to its working set).
+#[test]
+fn workers_reuse_their_regions_even_past_the_pool_size() {
+    let dir = tempfile::tempdir().unwrap();
+    const REC: usize = 2048; // int64 values: 16 KiB records, 256 KiB batches
+    let data: Vec<i64> = (0..N as i64).flat_map(|i| (0..REC as i64).map(move |j| i * 10_000 + j)).collect();
+    let mut w = DenseWriter::create(dir.path().join("big"), DType::Int64, &[REC], WriterOptions::default()).unwrap();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    let store = DenseStore::open(dir.path().join("big")).unwrap();
+    let alloc = Allocator::cpu(16 * REC * 8); // room for one idle batch
+    let (workers, prefetch) = (4, 4);
+    let s = Sampler::new(N as u64, 16, Mode::Iid, 3).unwrap();
+    let mut l = Loader::new(vec![("x".into(), vec![SourceView::from(store.bind(&alloc))])], s, LoaderOptions { workers, prefetch, ..Default::default() }).unwrap();
+    for _ in 0..300 {
+        let parts = l.next().unwrap().unwrap();
+        let Batch::Dense(x) = &parts[0].values[0].1 else { panic!("dense") };
+        let xs = x.as_slice::<i64>().unwrap();
+        for (k, &id) in parts[0].ids.iter().enumerate() {
+            assert_eq!(xs[k * REC], id as i64 * 10_000);
+            assert_eq!(xs[k * REC + REC - 1], id as i64 * 10_000 + REC as i64 - 1);
+        }
+    }
+    l.close();
+    let st = alloc.stats();
+    // In flight: at most workers + prefetch claimed steps plus the one the consumer holds.
+    assert!(st.fresh as usize <= workers + prefetch + 1, "{st:?}");
+    assert!(st.reused + st.fresh >= 300, "one region per step: {st:?}");
+}
+
 #[test]
 fn ranks_gather_their_slice_of_the_global_batch() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,12 +7,19 @@ The timed pass runs alone; peak PSS of the process tree is then sampled every 10
 second pass of the same length (sampling slows the process it samples). zrecord configurations
 run --repeats times in fresh processes, interleaved, and report their median run.
 
+Besides the bare gather loop (the baseline), two reference rows: the same loop holding its last
+8 batches (the memory a loader with workers=2, prefetch=4 has in flight: regions rotate instead
+of one cached region being rewritten), and a consumer busy 2 ms (dense) / 0.2 ms (tokens) per
+step with the GIL released, where workers overlap gathers with the consumer; those rows are
+compared with the gather loop under the same consumer.
+
     python benches/python/loader.py [--batches 200] [--scale 1.0]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -64,29 +71,47 @@ def timed_then_sampled(step, batches):
     return [batches * BATCH / dt] + mem_of(mem)
 
 
-def run_zrecord(path, n, batches, workers):
+def consume(busy_us):
+    """A consumer step: nothing, or `busy_us` microseconds of waiting with the GIL released (what
+    a training step on an accelerator looks like to the loader's process)."""
+    if busy_us:
+        return lambda batch: time.sleep(busy_us / 1e6)
+    return lambda batch: None
+
+
+def run_zrecord(path, n, batches, workers, busy_us=0):
     store = zrecord.open(path)
     alloc = zrecord.Allocator("cpu")
     loader = zrecord.Loader({"data": [store.bind(alloc)]}, zrecord.Sampler(n, BATCH, "iid", seed=1),
                             workers=workers, prefetch=4, transform=to_arrays)
     for _ in range(10):
         next(loader)
-    out = timed_then_sampled(lambda: next(loader), batches)
+    step = consume(busy_us)
+    out = timed_then_sampled(lambda: step(next(loader)), batches)
     loader.close()
     return out
 
 
-def run_gather(path, n, batches):
+def run_gather(path, n, batches, hold=1, busy_us=0):
     """The baseline a loader is measured against: the same sampler's batches gathered straight
-    from a view and passed through the same transform, on the calling thread."""
+    from a view and passed through the same transform, on the calling thread. With `hold` > 1
+    the last `hold` batches stay alive, as a prefetching loader's batches in flight do (their
+    regions rotate through memory instead of one region being rewritten while still cached)."""
     store = zrecord.open(path)
     view = store.bind(zrecord.Allocator("cpu"))
     sampler = zrecord.Sampler(n, BATCH, "iid", seed=1)
     ids = [np.asarray(sampler.batch(s)) for s in range(2 * batches + 10)]
+    held = collections.deque(maxlen=hold)
     for s in range(10):
-        to_arrays([{"data": view[ids[s]]}])
+        held.append(to_arrays([{"data": view[ids[s]]}]))
     at = iter(range(10, 2 * batches + 10))
-    return timed_then_sampled(lambda: to_arrays([{"data": view[ids[next(at)]]}]), batches)
+    step = consume(busy_us)
+
+    def one():
+        held.append(to_arrays([{"data": view[ids[next(at)]]}]))
+        step(held[-1])
+
+    return timed_then_sampled(one, batches)
 
 
 def prepare_torch(w, root):
@@ -217,9 +242,11 @@ def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--run":
         what, path, n, batches, extra = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         if what == "zrecord":
-            print(json.dumps(run_zrecord(path, n, batches, int(extra))))
+            workers, busy = (int(x) for x in extra.split(":"))
+            print(json.dumps(run_zrecord(path, n, batches, workers, busy)))
         elif what == "gather":
-            print(json.dumps(run_gather(path, n, batches)))
+            hold, busy = (int(x) for x in extra.split(":"))
+            print(json.dumps(run_gather(path, n, batches, hold, busy)))
         else:
             print(json.dumps(run_torch(extra, path, n, batches)))
         return
@@ -246,8 +273,16 @@ def main():
             nb = args.batches if isinstance(w, compare.Dense) else 10 * args.batches
             # The zrecord configurations run `--repeats` times, interleaved (a shared VM's memory
             # speed drifts over seconds), each reported as its median run.
-            configs = {"zrecord view gather + transform (baseline)": ("gather", 0)}
-            configs.update({f"zrecord (workers={wk})": ("zrecord", wk) for wk in (0, 2, 4)})
+            configs = {"zrecord view gather + transform (baseline)": ("gather", "1:0"),
+                       "zrecord view gather, last 8 batches held": ("gather", "8:0")}
+            configs.update({f"zrecord (workers={wk})": ("zrecord", f"{wk}:0") for wk in (0, 2, 4)})
+            # A consumer busy 2 ms per step (dense vision) / 0.2 ms (tokens), GIL released: what
+            # workers are for (the bare gather loop and workers=0 wait for each gather).
+            busy = 2 if isinstance(w, compare.Dense) else 0.2
+            busy_us = int(busy * 1000)
+            configs.update({f"consumer busy {busy} ms/step: gather loop": ("gather", f"1:{busy_us}"),
+                            f"consumer busy {busy} ms/step: workers=0": ("zrecord", f"0:{busy_us}"),
+                            f"consumer busy {busy} ms/step: workers=2": ("zrecord", f"2:{busy_us}")})
             runs = {name: [] for name in configs}
             for _ in range(args.repeats):
                 for name, (what, extra) in configs.items():
@@ -262,11 +297,13 @@ def main():
             for name, r in res.items():
                 if r is not None:
                     rows.append((w.name, name, *r))
-    print("| workload | loader | records/s | x gather baseline | peak PSS MiB | peak anon PSS MiB | peak file PSS MiB |")
+    print("| workload | loader | records/s | x gather loop | peak PSS MiB | peak anon PSS MiB | peak file PSS MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    base = {r[0]: r[2] for r in rows if "baseline" in r[1]}
+    # Busy-consumer rows are compared with the gather loop under the same consumer.
+    base = {(r[0], "busy" in r[1]): r[2] for r in rows if "baseline" in r[1] or "busy" in r[1] and "gather loop" in r[1]}
     for r in rows:
-        ratio = f"{r[2] / base[r[0]]:.2f}x" if r[0] in base else ""
+        key = (r[0], "busy" in r[1])
+        ratio = f"{r[2] / base[key]:.2f}x" if key in base else ""
         print(f"| {r[0]} | {r[1]} | {r[2]:,.0f} | {ratio} | {r[3] / 2**20:.0f} | {r[4] / 2**20:.0f} | {r[5] / 2**20:.0f} |")
 
 

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use crate::error::{catch_panic, Error, Result};
 use crate::loader::sampler::Sampler;
+use crate::memory::Allocator;
 use crate::store::{Batch, SourceView};
 
 /// What one placement position receives at one step: its contiguous slice of this rank's
@@ -124,8 +125,37 @@ impl<T> Shared<T> {
             }
             parts.push(PositionBatch { step, position: p, ids: ids.to_vec(), values });
         }
+        if self.options.workers > 0 {
+            self.keep_regions_pooled(&parts);
+        }
         let _guard = InTransform::enter(self as *const Self as usize);
         Ok((self.transform)(step, parts))
+    }
+
+    /// With workers, up to `workers + prefetch` steps are in flight and the consumer may still
+    /// hold two more (the one it works on and the one before it): ask each allocator to keep
+    /// that many steps' regions pooled, so that they are reused rather than freed and faulted in
+    /// again whenever the consumer catches up (see [`Allocator::keep_idle_at_least`]).
+    fn keep_regions_pooled(&self, parts: &[PositionBatch]) {
+        let steps = self.options.workers + self.options.prefetch + 2;
+        // Streams usually share one allocator: a short list, not a map.
+        let mut per: Vec<(&Allocator, usize)> = Vec::new();
+        for part in parts {
+            for ((_, batch), (_, views)) in part.values.iter().zip(&self.streams) {
+                let alloc = views[part.position].allocator();
+                let region = match batch {
+                    Batch::Dense(t) => t.allocation().capacity(),
+                    Batch::Ragged(r) => r.values().allocation().capacity(),
+                };
+                match per.iter_mut().find(|(a, _)| a.id() == alloc.id()) {
+                    Some((_, bytes)) => *bytes += region,
+                    None => per.push((alloc, region)),
+                }
+            }
+        }
+        for (alloc, bytes) in per {
+            alloc.keep_idle_at_least(bytes.saturating_mul(steps));
+        }
     }
 
     fn worker(self: Arc<Self>) {

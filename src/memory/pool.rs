@@ -4,7 +4,7 @@ use std::alloc::{self, Layout};
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
@@ -49,6 +49,8 @@ unsafe impl Send for PoolState {}
 
 pub(crate) struct PoolInner {
     pool_size_bytes: usize,
+    /// Raised by [`Allocator::keep_idle_at_least`]: the idle bound is the larger of the two.
+    idle_floor: AtomicUsize,
     /// Hard cap on live bytes (size classes); `usize::MAX` when unlimited.
     max_bytes: usize,
     state: Mutex<PoolState>,
@@ -66,8 +68,12 @@ impl PoolInner {
 
     fn release(&self, ptr: NonNull<u8>, class: usize) {
         self.live_bytes.fetch_sub(class as u64, Ordering::Relaxed);
+        let bound = match self.pool_size_bytes {
+            0 => 0,
+            n => n.max(self.idle_floor.load(Ordering::Relaxed)),
+        };
         let mut st = self.lock();
-        if !st.closed && st.idle_bytes + class <= self.pool_size_bytes {
+        if !st.closed && st.idle_bytes + class <= bound {
             st.idle.entry(class).or_default().push(ptr);
             st.idle_bytes += class;
             return;
@@ -164,6 +170,7 @@ impl Allocator {
         Allocator {
             inner: Arc::new(PoolInner {
                 pool_size_bytes,
+                idle_floor: AtomicUsize::new(0),
                 max_bytes: max_bytes.unwrap_or(usize::MAX),
                 state: Mutex::new(PoolState { idle: HashMap::new(), idle_bytes: 0, closed: false }),
                 live_bytes: AtomicU64::new(0),
@@ -182,6 +189,26 @@ impl Allocator {
     /// The idle-pool bound in bytes.
     pub fn pool_size_bytes(&self) -> usize {
         self.inner.pool_size_bytes
+    }
+
+    /// Keep up to `bytes` idle for reuse even when that is more than the pool size (never
+    /// lowers the bound; no effect on an allocator built without pooling). A loader with
+    /// worker threads calls it with its working set (the regions of every batch it may hold at
+    /// once): otherwise, whenever its consumer catches up and the regions in flight fall below
+    /// that set, the surplus over the pool size is freed and allocated again a moment later,
+    /// page faults and all (dense 38 MiB batches, 4 workers: a quarter of all regions).
+    /// Memory stays within what the loader held live at its peak.
+    ///
+    /// ```
+    /// use zrecord::memory::Allocator;
+    /// let alloc = Allocator::cpu(1 << 20);
+    /// let (a, b) = (alloc.allocate(1 << 20).unwrap(), alloc.allocate(1 << 20).unwrap());
+    /// alloc.keep_idle_at_least(2 << 20);
+    /// drop((a, b));
+    /// assert_eq!(alloc.stats().idle_bytes, 2 << 20);
+    /// ```
+    pub fn keep_idle_at_least(&self, bytes: usize) {
+        self.inner.idle_floor.fetch_max(bytes, Ordering::Relaxed);
     }
 
     /// The hard cap on live bytes, if any.
@@ -364,6 +391,25 @@ mod tests {
         assert!(st.idle_bytes <= 300_000, "{st:?}");
         assert_eq!(st.live_bytes, 0);
         let none = Allocator::cpu(0);
+        drop(none.allocate(1000).unwrap());
+        assert_eq!(none.stats().idle_bytes, 0);
+    }
+
+    /// The idle floor a loader asks for keeps its working set pooled past the pool size, only
+    /// ever rises, and does not turn pooling on for an allocator built without it.
+    #[test]
+    fn idle_floor_keeps_a_working_set() {
+        let a = Allocator::cpu(100_000);
+        a.keep_idle_at_least(3 * size_class(100_000));
+        a.keep_idle_at_least(1); // never lowers it
+        let xs: Vec<_> = (0..4).map(|_| a.allocate(100_000).unwrap()).collect();
+        drop(xs);
+        assert_eq!(a.stats().idle_bytes as usize, 3 * size_class(100_000), "three kept, the fourth freed");
+        let again: Vec<_> = (0..4).map(|_| a.allocate(100_000).unwrap()).collect();
+        assert_eq!((a.stats().reused, a.stats().fresh), (3, 5));
+        drop(again);
+        let none = Allocator::cpu(0);
+        none.keep_idle_at_least(1 << 20);
         drop(none.allocate(1000).unwrap());
         assert_eq!(none.stats().idle_bytes, 0);
     }

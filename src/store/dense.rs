@@ -267,7 +267,7 @@ impl DenseView {
         self.verify
     }
 
-    /// Whether one gather may use the rayon pool (default true). Loaders with their own worker
+    /// Whether one gather may use the gather crew's threads (default true). Loaders with their own worker
     /// threads turn it off: their parallelism is across batches.
     pub fn set_parallel(&mut self, on: bool) {
         self.parallel = on;

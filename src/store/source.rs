@@ -89,8 +89,8 @@ pub struct ReadOptions {
     /// Check record checksums (a store checks each record the first time it reads it, then
     /// trusts it). Default true.
     pub verify_checksums: bool,
-    /// Let one gather use the rayon pool. Default true; loaders with their own worker threads
-    /// turn it off (their parallelism is across batches).
+    /// Let one gather use the gather crew's threads. Default true; loaders with their own
+    /// worker threads turn it off (their parallelism is across batches).
     pub parallel: bool,
 }
 
@@ -252,7 +252,7 @@ impl SourceView {
         self.options
     }
 
-    /// Set whether one gather may use the rayon pool.
+    /// Set whether one gather may use the gather crew's threads.
     pub fn set_parallel(&mut self, on: bool) {
         self.options.parallel = on;
     }
