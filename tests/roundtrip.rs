@@ -342,3 +342,37 @@ fn cold_mode_and_released_pages_read_the_same_bytes(#[case] codec: Codec) {
     assert_eq!(dense.verify().unwrap(), n as u64);
     assert_eq!(ragged.verify().unwrap(), n as u64);
 }
+
+/// Dense gathers locate a block of records (index entries, bounds) before copying them: batches
+/// longer than a block, ids repeated and in any order, on one thread and on the crew, mapped
+/// and cold, equal the reference byte for byte.
+#[rstest]
+#[case::raw(Codec::Raw)]
+#[case::zstd(Codec::Zstd)]
+fn gathers_longer_than_a_locate_block(#[case] codec: Codec) {
+    let dir = tempfile::tempdir().unwrap();
+    let alloc = Allocator::cpu(1 << 24);
+    // 96-byte records: 1,800 of them are a parallel gather (>= 128 KiB) in chunks of 341
+    // records, so block boundaries fall inside chunks too.
+    let (n, rb) = (2000usize, 96usize);
+    let data = random_bytes(n * rb, 11);
+    let path = dir.path().join("d");
+    let mut w = DenseWriter::create(&path, DType::UInt8, &[rb], options(codec, 3, &[])).unwrap();
+    w.append_slice(&data).unwrap();
+    w.finish().unwrap();
+    let store = DenseStore::open(&path).unwrap();
+    let as_store: Store = store.clone().into();
+    let mut ids = random_ids(n as u64, 1500, 3);
+    ids.extend((0..300).rev()); // a descending run and repeats of earlier ids
+    for cold in [false, true] {
+        as_store.set_cold(cold);
+        for parallel in [true, false] {
+            let mut v = store.bind(&alloc);
+            v.set_parallel(parallel);
+            for len in [1usize, 255, 256, 257, 513, ids.len()] {
+                let got = v.gather(&ids[..len]).unwrap();
+                assert_eq!(got.as_bytes(), &dense_reference(&data, rb, &ids[..len])[..], "cold {cold} parallel {parallel} len {len}");
+            }
+        }
+    }
+}

@@ -20,6 +20,9 @@ const CHUNK_BYTES: usize = 32 << 10;
 /// How many records ahead a gather prefetches.
 const PREFETCH_AHEAD: usize = 8;
 
+/// Dense gathers locate this many records before copying them (see `gather_dense`).
+const LOCATE_BLOCK: usize = 256;
+
 /// Which records to read: an explicit list (order and duplicates kept) or an arithmetic range.
 #[derive(Clone, Copy, Debug)]
 pub enum Ids<'a> {
@@ -226,21 +229,39 @@ pub(crate) fn gather_dense(core: &StoreCore, allocator: &Allocator, ids: Ids<'_>
     let started = std::time::Instant::now();
     if rb > 0 && b > 0 {
         let out = &mut alloc.as_uninit_mut()[..total];
-        // Records `lo..lo + chunk.len() / rb` into `chunk`, prefetching a few ahead.
+        // Records `lo..lo + chunk.len() / rb` into `chunk`, in blocks: every record of a block
+        // is located first (its index entry read and its bytes bounds-checked: independent
+        // loads that overlap), then copied, prefetching a few records ahead. Reading each
+        // entry just before its copy made every record wait for a load of the index (dense
+        // tokens, 2 KiB records, 2 threads, alternated runs: 3.5M -> 5.5M records/s).
         let run = |lo: usize, chunk: &mut [MaybeUninit<u8>]| -> Result<()> {
             let mut ctx = core.decoder.context();
             let n = chunk.len() / rb;
-            for k in lo..(lo + PREFETCH_AHEAD).min(lo + n) {
-                core.prefetch(ids.get(k));
-            }
-            for (j, slot) in chunk.chunks_exact_mut(rb).enumerate() {
-                if j + PREFETCH_AHEAD < n {
-                    core.prefetch(ids.get(lo + j + PREFETCH_AHEAD));
+            let mut located = Vec::with_capacity(n.min(LOCATE_BLOCK));
+            for (b, block) in chunk.chunks_mut(LOCATE_BLOCK.saturating_mul(rb)).enumerate() {
+                let first = lo + b * LOCATE_BLOCK;
+                let m = block.len() / rb;
+                located.clear();
+                // A tight loop of hints puts many index reads in flight at once; `locate` is
+                // too long a body for the core to overlap more than a few of its own loads.
+                for k in first..first + m {
+                    core.prefetch_entry(ids.get(k));
                 }
-                if j + 2 * PREFETCH_AHEAD < n {
-                    core.prefetch_entry(ids.get(lo + j + 2 * PREFETCH_AHEAD));
+                for k in first..first + m {
+                    located.push(core.locate(ids.get(k))?);
                 }
-                core.read_into(&mut ctx, ids.get(lo + j), None, slot, verify)?;
+                for at in located.iter().take(PREFETCH_AHEAD) {
+                    core.prefetch_located(at);
+                }
+                for (j, slot) in block.chunks_exact_mut(rb).enumerate() {
+                    match located.get(j + PREFETCH_AHEAD) {
+                        Some(at) => core.prefetch_located(at),
+                        // Past this block: the first records of the next one.
+                        None if first + j + PREFETCH_AHEAD < lo + n => core.prefetch(ids.get(first + j + PREFETCH_AHEAD)),
+                        None => {}
+                    }
+                    core.read_located_into(&mut ctx, ids.get(first + j), None, slot, verify, &located[j])?;
+                }
             }
             Ok(())
         };

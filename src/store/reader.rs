@@ -29,6 +29,21 @@ const PREFETCH_BYTES: usize = 16 << 10;
 /// page.
 const PREFETCH_ALL_LINES: usize = 4 << 10;
 
+/// Hint the CPU to load a record's stored bytes: every line of a small record (its copy then
+/// streams from cache instead of waiting for the hardware prefetcher to ramp up on each record);
+/// of a larger one the first line of each page, up to [`PREFETCH_BYTES`].
+#[inline(always)]
+fn prefetch_record(src: &[u8]) {
+    let len = src.len().min(PREFETCH_BYTES);
+    let base = src.as_ptr() as usize;
+    let step = if len <= PREFETCH_ALL_LINES { 64 } else { 4096 };
+    let mut at = base;
+    while at < base + len {
+        prefetch_line(at as *const u8);
+        at = (at / step + 1) * step;
+    }
+}
+
 #[inline(always)]
 fn prefetch_line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
@@ -118,6 +133,14 @@ impl VerifiedSet {
 /// One file of an opened store: its byte source, and for a mapped source its bytes cached as
 /// a slice at open, so the hot path reads them with no dynamic call (the seam costs nothing on
 /// the mmap path).
+/// Where a record's stored bytes are (see [`StoreCore::locate`]).
+pub(crate) enum Located<'a> {
+    /// In a mapped shard: its bounds-checked bytes.
+    Mapped { entry: IndexEntry, src: &'a [u8] },
+    /// Read with positional reads (an unmapped source, or cold mode).
+    Unmapped { entry: IndexEntry },
+}
+
 pub(crate) struct StoreFile {
     src: Box<dyn ByteSource>,
     mapped: Option<(std::ptr::NonNull<u8>, usize)>,
@@ -620,19 +643,8 @@ impl StoreCore {
         let e = IndexEntry::decode(raw);
         let Some(bytes) = self.shards.get(e.shard as usize).and_then(|s| s.as_slice()) else { return };
         let start = e.offset as usize;
-        let len = (e.stored_len as usize).min(PREFETCH_BYTES);
-        if len == 0 || start.saturating_add(len) > bytes.len() {
-            return;
-        }
-        let base = bytes.as_ptr() as usize;
-        // A small record: every line (its copy then streams from cache instead of waiting for
-        // the hardware prefetcher to ramp up on each record); a larger one: the first line of
-        // each page.
-        let step = if len <= PREFETCH_ALL_LINES { 64 } else { 4096 };
-        let mut at = start;
-        while at < start + len {
-            prefetch_line((base + at) as *const u8);
-            at = (at / step + 1) * step;
+        if let Some(src) = start.checked_add(e.stored_len as usize).and_then(|end| bytes.get(start..end)) {
+            prefetch_record(src);
         }
     }
 
@@ -659,40 +671,102 @@ impl StoreCore {
         out: &mut [MaybeUninit<u8>],
         check: Check,
     ) -> Result<()> {
-        let e = self.entry(id)?;
-        let verify = match check {
+        match self.locate(id)? {
+            Located::Mapped { entry, src } => self.read_located(ctx, id, shape, out, check, &entry, src),
+            Located::Unmapped { entry } => {
+                let verify = self.must_verify(id, check);
+                let shard = self.shard(id, &entry)?;
+                self.read_unmapped(ctx, id, shape, out, &entry, shard, verify)?;
+                if verify {
+                    self.verified.insert(id);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn must_verify(&self, id: u64, check: Check) -> bool {
+        match check {
             Check::Off => false,
             Check::FirstRead => !self.verified.contains(id),
             Check::Always => true,
-        };
-        let shard = self.shard(id, &e)?;
+        }
+    }
+
+    /// Where record `id`'s stored bytes are: a bounds-checked slice of its mapped shard, or
+    /// (shard not mapped, or cold mode) only its index entry. Gathers locate a run of records
+    /// first and copy them after, so the index reads overlap instead of each one stalling the
+    /// copy of the record before it.
+    #[inline]
+    pub(crate) fn locate(&self, id: u64) -> Result<Located<'_>> {
+        let entry = self.entry(id)?;
+        let shard = self.shard(id, &entry)?;
         // Cold mode reads with positional reads, waiting for storage once per record instead
         // of page-faulting through the mapping page by page.
         let mapped = if self.residency.cold.load(Ordering::Relaxed) { None } else { shard.as_slice() };
-        let Some(bytes) = mapped else {
-            self.read_unmapped(ctx, id, shape, out, &e, shard, verify)?;
-            if verify {
-                self.verified.insert(id);
-            }
-            return Ok(());
-        };
-        // Mapped fast path: one bounds check, then copy/decode straight from the mapping.
-        let start = e.offset as usize;
-        let src = match start.checked_add(e.stored_len as usize) {
+        let Some(bytes) = mapped else { return Ok(Located::Unmapped { entry }) };
+        let start = entry.offset as usize;
+        let src = match start.checked_add(entry.stored_len as usize) {
             Some(end) if start >= HEADER_BYTES => bytes.get(start..end),
             _ => None,
         };
-        let Some(src) = src else { return Err(self.out_of_shard(id, &e, shard)) };
+        match src {
+            Some(src) => Ok(Located::Mapped { entry, src }),
+            None => Err(self.out_of_shard(id, &entry, shard)),
+        }
+    }
+
+    /// Hint the CPU to load a located record's bytes (see [`StoreCore::prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch_located(&self, at: &Located<'_>) {
+        if let Located::Mapped { src, .. } = at {
+            prefetch_record(src);
+        }
+    }
+
+    /// [`StoreCore::read_into`] for a record already located.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn read_located_into(
+        &self,
+        ctx: &mut DecodeContext<'_>,
+        id: u64,
+        shape: Option<&[u64]>,
+        out: &mut [MaybeUninit<u8>],
+        check: Check,
+        at: &Located<'_>,
+    ) -> Result<()> {
+        match at {
+            Located::Mapped { entry, src } => self.read_located(ctx, id, shape, out, check, entry, src),
+            Located::Unmapped { .. } => self.read_into(ctx, id, shape, out, check),
+        }
+    }
+
+    /// Mapped fast path: copy/decode straight from the mapping (`src` is bounds-checked).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn read_located(
+        &self,
+        ctx: &mut DecodeContext<'_>,
+        id: u64,
+        shape: Option<&[u64]>,
+        out: &mut [MaybeUninit<u8>],
+        check: Check,
+        e: &IndexEntry,
+        src: &[u8],
+    ) -> Result<()> {
+        let verify = self.must_verify(id, check);
+        let shard = self.shard(id, e)?;
         if self.codec == Codec::Raw && verify {
             // Copy first, then hash the copy while it is hot in L1/L2: one trip to memory
             // instead of two.
             ctx.decode_into(src, out, shard.path())?;
             // SAFETY: `decode_into` succeeded, so all of `out` was just written.
             let written = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) };
-            self.check_record(id, shape, written, &e, shard)?;
+            self.check_record(id, shape, written, e, shard)?;
         } else {
             if verify {
-                self.check_record(id, shape, src, &e, shard)?;
+                self.check_record(id, shape, src, e, shard)?;
             }
             ctx.decode_into(src, out, shard.path())?;
         }
