@@ -343,9 +343,9 @@ fn cold_mode_and_released_pages_read_the_same_bytes(#[case] codec: Codec) {
     assert_eq!(ragged.verify().unwrap(), n as u64);
 }
 
-/// Dense gathers locate a block of records (index entries, bounds) before copying them: batches
+/// Gathers locate a block of records (index entries, bounds) before reading them: batches
 /// longer than a block, ids repeated and in any order, on one thread and on the crew, mapped
-/// and cold, equal the reference byte for byte.
+/// and cold, dense and ragged, equal the references.
 #[rstest]
 #[case::raw(Codec::Raw)]
 #[case::zstd(Codec::Zstd)]
@@ -372,6 +372,24 @@ fn gathers_longer_than_a_locate_block(#[case] codec: Codec) {
             for len in [1usize, 255, 256, 257, 513, ids.len()] {
                 let got = v.gather(&ids[..len]).unwrap();
                 assert_eq!(got.as_bytes(), &dense_reference(&data, rb, &ids[..len])[..], "cold {cold} parallel {parallel} len {len}");
+            }
+        }
+    }
+    // Ragged gathers read their records the same way.
+    let fx = RaggedFixture::new(DType::Int32, 2, n, 40, 12);
+    let rpath = dir.path().join("r");
+    let mut w = RaggedWriter::create(&rpath, DType::Int32, 2, options(codec, 2, &[])).unwrap();
+    fx.append_to(&mut w, 0, n).unwrap();
+    w.finish().unwrap();
+    let ragged = RaggedStore::open(&rpath).unwrap();
+    let as_store: Store = ragged.clone().into();
+    for cold in [false, true] {
+        as_store.set_cold(cold);
+        for parallel in [true, false] {
+            let mut v = ragged.bind(&alloc);
+            v.set_parallel(parallel);
+            for len in [1usize, 256, 257, ids.len()] {
+                fx.check(&v.gather(&ids[..len]).unwrap(), &ids[..len]);
             }
         }
     }
