@@ -671,18 +671,8 @@ impl StoreCore {
         out: &mut [MaybeUninit<u8>],
         check: Check,
     ) -> Result<()> {
-        match self.locate(id)? {
-            Located::Mapped { entry, src } => self.read_located(ctx, id, shape, out, check, &entry, src),
-            Located::Unmapped { entry } => {
-                let verify = self.must_verify(id, check);
-                let shard = self.shard(id, &entry)?;
-                self.read_unmapped(ctx, id, shape, out, &entry, shard, verify)?;
-                if verify {
-                    self.verified.insert(id);
-                }
-                Ok(())
-            }
-        }
+        let at = self.locate(id)?;
+        self.read_located_into(ctx, id, shape, out, check, &at)
     }
 
     fn must_verify(&self, id: u64, check: Check) -> bool {
@@ -738,7 +728,15 @@ impl StoreCore {
     ) -> Result<()> {
         match at {
             Located::Mapped { entry, src } => self.read_located(ctx, id, shape, out, check, entry, src),
-            Located::Unmapped { .. } => self.read_into(ctx, id, shape, out, check),
+            Located::Unmapped { entry } => {
+                let verify = self.must_verify(id, check);
+                let shard = self.shard(id, entry)?;
+                self.read_unmapped(ctx, id, shape, out, entry, shard, verify)?;
+                if verify {
+                    self.verified.insert(id);
+                }
+                Ok(())
+            }
         }
     }
 
