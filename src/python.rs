@@ -80,6 +80,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<zarr::PyZarrPipeline>()?;
     m.add_class::<zarr::PyZarrReader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
+    m.add_function(wrap_pyfunction!(store::_is_store, m)?)?;
+    m.add_function(wrap_pyfunction!(store::_storage_options_registered, m)?)?;
     m.add_function(wrap_pyfunction!(store::register_storage_options, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;
     m.add_function(wrap_pyfunction!(store::dtype_names, m)?)?;

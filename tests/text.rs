@@ -307,6 +307,41 @@ fn pii_masking_validates_candidates() {
     assert_eq!(only_email.mask("a@example.org 123-45-6789"), "[e] 123-45-6789");
 }
 
+/// Code is not an address book: slices are not IPv6 addresses, while the same short forms in
+/// prose still are. AWS key ids are found whatever else the document holds. IBANs are masked
+/// only when their country, length and mod-97 check hold.
+#[test]
+fn pii_leaves_code_alone_finds_keys_anywhere_and_checks_ibans() {
+    for code in ["x = a[::2]", "y = b[1::3] + c[:, ::2]", "rev = s[::-1]", "m[::4, 1::2]", "cafe::bad::face()"] {
+        assert_eq!(masked(code), code, "code text is kept");
+    }
+    assert_eq!(masked("loopback is ::1, link-local fe80::1 (here)"), "loopback is <IP_ADDRESS>, link-local <IP_ADDRESS> (here)");
+    assert_eq!(masked("host [2001:db8:85a3::8a2e:370:7334]:443"), "host [<IP_ADDRESS>]:443");
+    // A digit-free AWS key id: masked alone, and the same with digits or an @ elsewhere.
+    let key = "AKIAABCDEFGHIJKLMNOP";
+    assert_eq!(masked(&format!("key {key}")), "key <API_KEY>");
+    assert_eq!(masked(&format!("key {key} at 10am")), "key <API_KEY> at 10am");
+    assert_eq!(masked(&format!("ping a@example.org, key {key}")), "ping <EMAIL>, key <API_KEY>");
+    assert_eq!(masked("ASIAZZZZZZZZZZZZZZZZ"), "<API_KEY>");
+    let only_email = PiiMasker::new(&[PiiKind::Email], &[]).unwrap();
+    assert_eq!(only_email.mask(&format!("key {key}")), format!("key {key}"));
+    // IBANs: grouped, compact, followed by words or punctuation; wrong check digits, lengths
+    // and countries are left alone.
+    assert_eq!(masked("pay DE89 3704 0044 0532 0130 00 today"), "pay <IBAN> today");
+    assert_eq!(masked("to GB82 WEST 1234 5698 7654 32."), "to <IBAN>.");
+    assert_eq!(masked("FR14 2004 1010 0505 0001 3M02 606, NL91ABNA0417164300"), "<IBAN>, <IBAN>");
+    assert_eq!(masked("BE68539007547034 WORD and NO9386011117947"), "<IBAN> WORD and <IBAN>");
+    assert_eq!(masked("CH9300762011623852957"), "<IBAN>");
+    for bad in ["DE89 3704 0044 0532 0130 01", "DE89 3704 0044 0532 0130", "ZZ89 3704 0044 0532 0130 00", "NL91ABNA04171643001"] {
+        assert!(!masked(bad).contains("<IBAN>"), "{bad}: {}", masked(bad));
+    }
+    let spans = PiiMasker::default().find("iban DE89370400440532013000 ok");
+    assert_eq!(spans, vec![(PiiKind::Iban, 5..27)]);
+    assert_eq!(PiiKind::parse("iban").unwrap(), PiiKind::Iban);
+    let only_iban = PiiMasker::new(&[PiiKind::Iban], &[(PiiKind::Iban, "[acct]".into())]).unwrap();
+    assert_eq!(only_iban.mask("a@example.org DE89 3704 0044 0532 0130 00"), "a@example.org [acct]");
+}
+
 #[test]
 fn pipeline_fuses_stages_and_reuses_untouched_rows() {
     let docs = vec![

@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 
-def set_storage_options(url, options):
+def set_storage_options(url, options, pickle_secrets=True):
     """Use ``options`` for every object-store URL at or below ``url`` (``s3://bucket/prefix``,
     ``gs://``, ``az://``, ``http(s)://``): stores, dataset roots, writers, SQL and the loader
     then read and write there with them. Keys are object_store's (the same as delta-rs and
@@ -89,8 +89,16 @@ def set_storage_options(url, options):
     ``zrecord_max_inflight_bytes``, ``zrecord_cache_bytes``, ``zrecord_page_bytes``,
     ``zrecord_max_retries``, ``zrecord_retry_timeout_s``. Unknown keys raise ``ValueError``.
     Credentials not given here come from the environment (``AWS_*``, ``GOOGLE_*``,
-    ``AZURE_*``)."""
-    _register_storage_options(str(url), {str(k): str(v) for k, v in dict(options).items()})
+    ``AZURE_*``).
+
+    Stores, views, dataset roots and the torch / Grain datasets built on them carry these
+    options when pickled (for spawned DataLoader workers, multiprocessing, Ray): the receiving
+    process registers them for ``url`` unless it registered its own. To keep secrets out of
+    pickles, pass ``pickle_secrets=False``: keys, secrets, tokens and passwords then stay in
+    this process, and other processes take credentials from their environment (``AWS_*``
+    variables, which spawned workers inherit). A request refused without any credentials
+    raises ``PermissionError`` saying so."""
+    _register_storage_options(str(url), {str(k): str(v) for k, v in dict(options).items()}, bool(pickle_secrets))
 
 
 def open(path, storage_options=None):  # noqa: A001 - mirrors the builtin on purpose: zrecord.open(path)

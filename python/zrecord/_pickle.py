@@ -23,6 +23,17 @@ def allocator(pool_id, pid, device, pool_size, max_bytes=None):
     return a
 
 
+def with_storage_options(prefix, options, f, args):
+    """Unpickle ``f(*args)`` after registering the storage options the pickling process had for
+    ``prefix`` (an object on object storage carries them). Options this process registered
+    itself for that prefix win: a worker that set its own credentials keeps them."""
+    from ._zrecord import _storage_options_registered, register_storage_options
+
+    if options and not _storage_options_registered(prefix):
+        register_storage_options(prefix, dict(options))
+    return f(*args)
+
+
 def view(path, alloc, verify_checksums):
     return _open(path).bind(alloc, verify_checksums=verify_checksums)
 

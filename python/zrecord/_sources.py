@@ -17,11 +17,10 @@ _STORES = (_z.DenseStore, _z.RaggedStore)
 def streams_of(source: Any, streams: list[str] | None, allocator: Any, verify_checksums: bool) -> tuple[dict, bool]:
     """``({name: view}, single)``: the aligned streams a source names."""
     if isinstance(source, (str, os.PathLike)):
+        # A folder or any URL the stores read (s3://, gs://, az://, http(s)://, file://):
+        # decided by the store layer, not by the local file system.
         path = os.fspath(source)
-        if os.path.isfile(os.path.join(path, "dataset.json")):
-            source = _z.Dataset(path)
-        else:
-            source = _z.open(path)
+        source = _z.open(path) if _z._is_store(path) else _z.Dataset(path)
     if isinstance(source, _z.Dataset):
         return dict(source.bind(allocator, verify_checksums, streams)), False
     if isinstance(source, _STORES):

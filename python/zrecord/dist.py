@@ -170,7 +170,8 @@ class DistReader:
         if np.dtype(v.dtype) != np.uint8 and arr.dtype != np.dtype(v.dtype):
             raise TypeError(f"out is {arr.dtype}; '{name}' holds {v.dtype}")
         row = int(np.prod(v.item_shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-        got = arr.nbytes // n if n else row
+        # Zero rows carry their width in the shape only (a 1-D empty buffer has none to check).
+        got = arr.nbytes // n if n else (int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize if arr.ndim > 1 else row)
         if got != row:
             raise ValueError(f"out rows are {got} bytes; rows of '{name}' are {row} bytes ({v.dtype} {tuple(v.item_shape)})")
         return arr
@@ -183,7 +184,14 @@ class DistReader:
         ids = np.asarray(ids)
         if ids.ndim != 1:
             raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
-        if ids.size and ids.dtype.kind not in "iu":
+        if ids.size == 0:
+            # Zero ids are valid on every transport, whatever dtype an empty array defaults to
+            # (np.empty(0) and [] are float64): the answer is zero rows, with no transfer.
+            arr = self._check_out(name, out, 0)
+            if arr is None:
+                return self.view(name).gather(np.empty(0, np.uint64))
+            return out
+        if ids.dtype.kind not in "iu":
             raise TypeError(f"ids must be integers, got {ids.dtype}")
         arr = self._check_out(name, out, len(ids))
         if ids.size and ids.dtype.kind == "i" and ids.min() < 0:

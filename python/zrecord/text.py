@@ -312,10 +312,12 @@ class QualityFilter(_Stage):
 
 
 class PIIMasker(_Stage):
-    """Masks validated personal data: ``email``, ``api_key``, ``credit_card`` (issuer prefix +
-    Luhn), ``ssn``, ``ipv4`` (not version strings), ``ipv6``, ``phone``. ``placeholders``
-    overrides ``<EMAIL>``, ``<API_KEY>``, ``<CREDIT_CARD>``, ``<SSN>``, ``<IP_ADDRESS>``
-    (key ``ip`` sets both address kinds), ``<PHONE>``."""
+    """Masks validated personal data: ``email``, ``api_key``, ``iban`` (ISO 13616: country,
+    length and mod-97 check; compact or grouped by spaces), ``credit_card`` (issuer prefix +
+    Luhn), ``ssn``, ``ipv4`` (not version strings), ``ipv6`` (short forms such as ``::1`` only
+    standing alone, so code slices like ``a[::2]`` are kept), ``phone``. ``placeholders``
+    overrides ``<EMAIL>``, ``<API_KEY>``, ``<IBAN>``, ``<CREDIT_CARD>``, ``<SSN>``,
+    ``<IP_ADDRESS>`` (key ``ip`` sets both address kinds), ``<PHONE>``."""
 
     def __init__(self, kinds: Iterable[str] | None = None, placeholders: dict[str, str] | None = None):
         self.kinds = None if kinds is None else list(kinds)

@@ -26,7 +26,7 @@ import torch.utils.data as _tud
 from . import _zrecord as _z
 from ._sources import ids_of, streams_of, text_records
 
-__all__ = ["Dataset", "IterableDataset", "Ragged", "collate", "to_torch"]
+__all__ = ["Dataset", "IterableDataset", "Ragged", "Samples", "collate", "to_torch"]
 
 class Ragged(NamedTuple):
     """A batch of variable-shape records as torch tensors: record ``i`` is
@@ -49,9 +49,34 @@ class Ragged(NamedTuple):
         return [self.record(i) for i in range(len(self))]
 
 
+class Samples(list):
+    """What :meth:`Dataset.__getitems__` returns: one item per index, as ``ds[i]`` gives it
+    (torch's contract, so the default collate, Hugging Face's Trainer and Lightning work
+    unchanged), cut as views from one gather per stream. ``gathered`` is that batch (``None``
+    when a per-record ``transform`` ran): :func:`collate` returns it instead of re-stacking."""
+
+    gathered: Any = None
+
+
 def collate(batch: Any) -> Any:
-    """``collate_fn`` for :class:`Dataset`: ``__getitems__`` already returns the whole batch."""
+    """``collate_fn`` for :class:`Dataset`: the batch ``__getitems__`` gathered, as it was
+    gathered (no re-stacking, zero-copy); anything else goes to torch's ``default_collate``."""
+    if isinstance(batch, Samples) and batch.gathered is not None:
+        return batch.gathered
+    return _tud.default_collate(batch)
+
+
+def _passthrough(batch: Any) -> Any:
     return batch
+
+
+def _records_of(batch: Any) -> list:
+    """A gathered torch batch as one item per record (views, no copies)."""
+    if isinstance(batch, torch.Tensor):
+        return list(batch.unbind(0))
+    if isinstance(batch, Ragged):
+        return batch.to_list()
+    return list(batch)
 
 
 def to_torch(batch: Any, logical: str = "tensor") -> Any:
@@ -71,11 +96,14 @@ def _logical(view: Any) -> str:
 class Dataset(_tud.Dataset):
     """Map-style dataset over a store, view, dataset root or dict of aligned streams.
 
-    ``ds[i]`` is one record (a tensor of its shape, a str for utf8 records, or a dict per stream);
-    ``ds.__getitems__(ids)`` gathers the whole batch in one call per stream, which
-    ``torch.utils.data.DataLoader`` uses when the dataset has it: pass
-    ``collate_fn=zrecord.torch.collate`` (or use :meth:`dataloader`) so the gathered batch is not
-    split and re-stacked. ``transform`` is applied to every item or batch returned.
+    ``ds[i]`` is one record (a tensor of its shape, a str for utf8 records, or a dict per stream).
+    ``ds.gather(ids)`` is the whole batch from one gather per stream (a tensor, :class:`Ragged`,
+    a list of str / bytes, or a dict of them), zero-copy. ``ds.__getitems__(ids)``, which
+    ``torch.utils.data.DataLoader`` calls, returns the same records as a list of items
+    (:class:`Samples`), so torch's default collate (and HF Trainer / Lightning) work unchanged;
+    :meth:`dataloader` (or ``collate_fn=zrecord.torch.collate``) keeps the one-gather batch
+    without splitting and re-stacking it. ``transform`` is applied to every item ``ds[i]`` /
+    ``__getitems__`` returns and to every batch ``gather`` / :meth:`dataloader` returns.
     """
 
     def __init__(
@@ -114,14 +142,51 @@ class Dataset(_tud.Dataset):
                 parts[name] = torch.from_dlpack(b)[0]
         return self._out(parts)
 
-    def __getitems__(self, indices: Any) -> Any:
+    def _gather(self, indices: Any) -> dict:
         ids = ids_of(indices, self._len)
-        return self._out({name: to_torch(view.gather(ids), _logical(view)) for name, view in self.streams.items()})
+        return {name: to_torch(view.gather(ids), _logical(view)) for name, view in self.streams.items()}
 
-    def dataloader(self, batch_size: int, **kwargs: Any) -> _tud.DataLoader:
-        """A ``torch.utils.data.DataLoader`` over this dataset that gathers each batch at once."""
-        kwargs.setdefault("collate_fn", collate)
-        return _tud.DataLoader(self, batch_size=batch_size, **kwargs)
+    def gather(self, indices: Any) -> Any:
+        """Records ``indices`` as one batch (one gather per stream, zero-copy), ``transform``
+        applied to the batch."""
+        return self._out(self._gather(indices))
+
+    def __getitems__(self, indices: Any) -> Samples:
+        parts = self._gather(indices)
+        cols = {name: _records_of(b) for name, b in parts.items()}
+        if self.single:
+            items = cols["data"]
+        else:
+            n = len(next(iter(cols.values())))
+            items = [{name: c[k] for name, c in cols.items()} for k in range(n)]
+        if self.transform is not None:
+            return Samples([self.transform(x) for x in items])
+        out = Samples(items)
+        out.gathered = parts["data"] if self.single else parts
+        return out
+
+    def dataloader(self, batch_size: int, *, shuffle: bool = False, sampler: Any = None, drop_last: bool = False, generator: Any = None, **kwargs: Any) -> _tud.DataLoader:
+        """A ``torch.utils.data.DataLoader`` whose batches are single gathers (:meth:`gather`,
+        ``transform`` applied per batch): batches of ``batch_size`` indices drawn from
+        ``sampler`` (default: ``RandomSampler`` when ``shuffle``, else in order)."""
+        if sampler is None:
+            sampler = _tud.RandomSampler(self, generator=generator) if shuffle else _tud.SequentialSampler(self)
+        batches = _tud.BatchSampler(sampler, batch_size, drop_last)
+        kwargs.setdefault("collate_fn", _passthrough)
+        return _tud.DataLoader(_Batches(self), batch_size=None, sampler=batches, generator=generator, **kwargs)
+
+
+class _Batches(_tud.Dataset):
+    """A :class:`Dataset` indexed by lists of indices: each item is one gathered batch."""
+
+    def __init__(self, ds: Dataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, indices: Any) -> Any:
+        return self.ds.gather(indices)
 
 
 def _default_rank() -> tuple[int, int]:

@@ -288,7 +288,9 @@ impl StreamWriter {
     /// A writer for `layout` at `path`.
     pub fn create(path: &std::path::Path, layout: &ColumnLayout, options: crate::store::WriterOptions) -> Result<StreamWriter> {
         Ok(match layout {
-            ColumnLayout::Dense { dtype, item_shape } => StreamWriter::Dense(DenseWriter::create(path, *dtype, item_shape, options)?),
+            // `allow_empty` is about ragged records (a dense record always has its one shape):
+            // a dataset writer's option reaches its ragged columns only.
+            ColumnLayout::Dense { dtype, item_shape } => StreamWriter::Dense(DenseWriter::create(path, *dtype, item_shape, options.allow_empty(false))?),
             ColumnLayout::Ragged { dtype, ndim, logical } => {
                 StreamWriter::Ragged(RaggedWriter::create(path, *dtype, *ndim, options.logical(*logical))?)
             }

@@ -103,14 +103,57 @@ struct Decoded {
     pixels: Vec<u8>,
 }
 
+/// Pillow's `Image.convert(mode)` of a decoded image, pixel for pixel: grey from colour is
+/// ITU-R 601-2 luma in Pillow's fixed point (`(R*19595 + G*38470 + B*7471 + 0x8000) >> 16`),
+/// alpha dropped when the target has none and 255 when the source has none. Sources are taken
+/// as Pillow opens them: 16-bit colour (and grey+alpha) keeps the high byte of each sample,
+/// 16-bit grey (Pillow's `I;16`) clips to 255; palette images arrive expanded to RGB(A).
+fn pillow_convert(img: DynamicImage, mode: ImageMode) -> std::result::Result<DynamicImage, String> {
+    // The image as Pillow opens it: 8-bit samples in 1, 2, 3 or 4 channels.
+    let (w, h) = (img.width(), img.height());
+    let (src, c): (Vec<u8>, usize) = match img {
+        DynamicImage::ImageLuma8(i) => (i.into_raw(), 1),
+        DynamicImage::ImageLumaA8(i) => (i.into_raw(), 2),
+        DynamicImage::ImageRgb8(i) => (i.into_raw(), 3),
+        DynamicImage::ImageRgba8(i) => (i.into_raw(), 4),
+        DynamicImage::ImageLuma16(i) => (i.into_raw().into_iter().map(|v| v.min(255) as u8).collect(), 1),
+        DynamicImage::ImageLumaA16(i) => (i.into_raw().into_iter().map(|v| (v >> 8) as u8).collect(), 2),
+        DynamicImage::ImageRgb16(i) => (i.into_raw().into_iter().map(|v| (v >> 8) as u8).collect(), 3),
+        DynamicImage::ImageRgba16(i) => (i.into_raw().into_iter().map(|v| (v >> 8) as u8).collect(), 4),
+        other => return Err(format!("{:?} pixels cannot be converted to {mode:?}", other.color())),
+    };
+    let luma = |p: &[u8]| -> u8 { ((p[0] as u32 * 19595 + p[1] as u32 * 38470 + p[2] as u32 * 7471 + 0x8000) >> 16) as u8 };
+    let n = w as usize * h as usize;
+    let out_c = mode.channels();
+    let mut out = Vec::with_capacity(n * out_c);
+    for p in src.chunks_exact(c) {
+        let (grey, rgb, alpha) = match c {
+            1 => (p[0], [p[0]; 3], 255),
+            2 => (p[0], [p[0]; 3], p[1]),
+            3 => (luma(p), [p[0], p[1], p[2]], 255),
+            _ => (luma(p), [p[0], p[1], p[2]], p[3]),
+        };
+        match mode {
+            ImageMode::L => out.push(grey),
+            ImageMode::La => out.extend_from_slice(&[grey, alpha]),
+            ImageMode::Rgb => out.extend_from_slice(&rgb),
+            ImageMode::Rgba => out.extend_from_slice(&[rgb[0], rgb[1], rgb[2], alpha]),
+        }
+    }
+    let short = || format!("decoded image has {} samples, not {}x{}x{c}", src.len(), w, h);
+    Ok(match mode {
+        ImageMode::L => DynamicImage::ImageLuma8(image::GrayImage::from_raw(w, h, out).ok_or_else(short)?),
+        ImageMode::La => DynamicImage::ImageLumaA8(image::GrayAlphaImage::from_raw(w, h, out).ok_or_else(short)?),
+        ImageMode::Rgb => DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, out).ok_or_else(short)?),
+        ImageMode::Rgba => DynamicImage::ImageRgba8(image::RgbaImage::from_raw(w, h, out).ok_or_else(short)?),
+    })
+}
+
 fn decode_one(column: &str, row: u64, bytes: &[u8], opts: &ImageOptions) -> Result<Decoded> {
     let bad = |why: String| Error::invalid("column", format!("image column '{column}' row {row}: {why}"));
     let img = image::load_from_memory(bytes).map_err(|e| bad(format!("cannot decode image: {e}")))?;
     let mut img = match opts.mode {
-        Some(ImageMode::L) => DynamicImage::ImageLuma8(img.to_luma8()),
-        Some(ImageMode::La) => DynamicImage::ImageLumaA8(img.to_luma_alpha8()),
-        Some(ImageMode::Rgb) => DynamicImage::ImageRgb8(img.to_rgb8()),
-        Some(ImageMode::Rgba) => DynamicImage::ImageRgba8(img.to_rgba8()),
+        Some(mode) => pillow_convert(img, mode).map_err(bad)?,
         None => match img {
             DynamicImage::ImageLuma8(_) | DynamicImage::ImageLumaA8(_) | DynamicImage::ImageRgb8(_) | DynamicImage::ImageRgba8(_) => img,
             other => {

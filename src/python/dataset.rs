@@ -35,7 +35,7 @@ impl PyDataset {
         let view = SourceView::new(stream.source.clone(), &allocator.inner).with_options(options);
         let f = py.import("zrecord._pickle")?.getattr("dataset_stream")?;
         let args = (self.inner.path().to_path_buf(), stream.name.clone(), PyAllocator { inner: allocator.inner.clone() }, verify_checksums);
-        let reduce = (f, args).into_pyobject(py)?.into_any().unbind();
+        let reduce = crate::python::store::travelling(py, self.inner.path(), (f, args).into_pyobject(py)?.into_any())?.unbind();
         Ok(PySourceView::with_reduce(view, Some(reduce)))
     }
 }
@@ -119,8 +119,11 @@ impl PyDataset {
     }
 
     /// Pickles as its path; unpickling opens the root again.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath,))> {
-        Ok((slf.get_type().into_any(), (crate::python::PyPath(slf.get().inner.path().to_path_buf()),)))
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let path = slf.get().inner.path().to_path_buf();
+        let r = (slf.get_type().into_any(), (crate::python::PyPath(path.clone()),)).into_pyobject(py)?.into_any();
+        crate::python::store::travelling(py, &path, r)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {

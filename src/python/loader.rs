@@ -199,6 +199,8 @@ struct Finisher {
     /// Average cost of the Python part in ns, and how many steps it covers.
     cost_ns: AtomicU64,
     samples: AtomicU64,
+    /// Each stream's logical type (strings stay strings in the batches handed out).
+    logicals: std::collections::HashMap<String, crate::store::Logical>,
 }
 
 impl Finisher {
@@ -209,7 +211,7 @@ impl Finisher {
     /// Wrap `parts` and run the transform (the GIL held).
     fn finish(&self, py: Python<'_>, parts: Vec<PositionBatch>) -> PyResult<Py<PyAny>> {
         let started = std::time::Instant::now();
-        let list = parts_to_py(py, parts)?;
+        let list = parts_to_py(py, parts, &self.logicals)?;
         let r = match LoaderRefs::get(&self.refs, py, |r| &r.transform) {
             Some(f) => f.bind(py).call1((list,)).map(Bound::unbind),
             None if self.has_transform => Err(PyValueError::new_err("loader is closed")),
@@ -225,14 +227,17 @@ impl Finisher {
     }
 }
 
-fn parts_to_py(py: Python<'_>, parts: Vec<PositionBatch>) -> PyResult<Bound<'_, PyList>> {
+fn parts_to_py<'py>(py: Python<'py>, parts: Vec<PositionBatch>, logicals: &std::collections::HashMap<String, crate::store::Logical>) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for s in parts {
         let d = PyDict::new(py);
         for (name, v) in s.values {
             match v {
                 Batch::Dense(t) => d.set_item(name, Py::new(py, PyDLTensor::new(t, true))?)?,
-                Batch::Ragged(b) => d.set_item(name, Py::new(py, PyRaggedBatch::owned(b))?)?,
+                Batch::Ragged(b) => {
+                    let logical = logicals.get(name.as_str()).copied().unwrap_or_default();
+                    d.set_item(name, Py::new(py, PyRaggedBatch::owned_as(b, logical))?)?
+                }
             }
         }
         list.append(d)?;
@@ -319,7 +324,8 @@ impl PyLoader {
         let options = LoaderOptions { workers, prefetch, rank, world_size };
         let has_transform = transform.is_some();
         let refs = Arc::new(RwLock::new(LoaderRefs { transform, sampler: None }));
-        let finisher = Arc::new(Finisher { refs: refs.clone(), has_transform, cost_ns: AtomicU64::new(0), samples: AtomicU64::new(0) });
+        let logicals = views.iter().filter_map(|(n, v)| v.first().map(|v| (n.clone(), v.source().logical()))).collect();
+        let finisher = Arc::new(Finisher { refs: refs.clone(), has_transform, cost_ns: AtomicU64::new(0), samples: AtomicU64::new(0), logicals });
         let fin = finisher.clone();
         let make = move |_step: u64, parts: Vec<PositionBatch>| -> StepResult {
             // Only workers defer (without workers this already runs on the consumer).

@@ -10,7 +10,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyList, PyTuple};
 
-use crate::arrow::{dense_to_arrow, ragged_to_arrow};
+use crate::arrow::{column_from_ragged, dense_to_arrow};
+use crate::store::Logical;
 use crate::dtype::DType;
 use crate::memory::dlpack::{DLManagedTensor, DLManagedTensorVersioned};
 use crate::memory::{Allocator, RaggedBatch, RaggedInput, Tensor, TensorView, DEFAULT_POOL_SIZE_BYTES};
@@ -281,11 +282,19 @@ enum RaggedRepr {
 #[pyclass(name = "RaggedBatch", module = "zrecord", frozen)]
 pub struct PyRaggedBatch {
     repr: RaggedRepr,
+    /// What the records are: tensors, or UTF-8 / binary strings (uint8 ndim-1 records), as the
+    /// stream they were read from says. Decides the Arrow export and `to_pylist`.
+    logical: Logical,
 }
 
 impl PyRaggedBatch {
     pub(crate) fn owned(b: RaggedBatch) -> Self {
-        PyRaggedBatch { repr: RaggedRepr::Owned(b) }
+        PyRaggedBatch { repr: RaggedRepr::Owned(b), logical: Logical::Tensor }
+    }
+
+    /// A batch read from a stream of `logical` records (strings stay strings on every path).
+    pub(crate) fn owned_as(b: RaggedBatch, logical: Logical) -> Self {
+        PyRaggedBatch { repr: RaggedRepr::Owned(b), logical }
     }
 
     /// Run `f` over this batch as append input (importing foreign fields zero-copy).
@@ -326,8 +335,17 @@ impl PyRaggedBatch {
 #[pymethods]
 impl PyRaggedBatch {
     #[new]
-    fn new(values: Py<PyAny>, cu_seqlens: Py<PyAny>, shapes: Py<PyAny>) -> Self {
-        PyRaggedBatch { repr: RaggedRepr::Foreign { values, cu_seqlens, shapes } }
+    #[pyo3(signature = (values, cu_seqlens, shapes, logical = "tensor"))]
+    fn new(py: Python<'_>, values: Py<PyAny>, cu_seqlens: Py<PyAny>, shapes: Py<PyAny>, logical: &str) -> PyResult<Self> {
+        let logical: Logical = logical.parse().py_err()?;
+        let b = PyRaggedBatch { repr: RaggedRepr::Foreign { values, cu_seqlens, shapes }, logical };
+        if logical.is_bytes() {
+            let v = b.to_owned_batch(py)?;
+            if v.dtype() != DType::UInt8 || v.ndim() != 1 {
+                return Err(PyValueError::new_err(format!("logical '{logical}' needs uint8 ndim-1 records, got {} ndim {}", v.dtype(), v.ndim())));
+            }
+        }
+        Ok(b)
     }
 
     /// Pack a finite iterable of arrays (one dtype, one ndim >= 1) into a batch.
@@ -384,6 +402,44 @@ impl PyRaggedBatch {
         py_dtype(py, d)
     }
 
+    /// `"tensor"`, `"utf8"` or `"binary"`: what the records are (from the stream they were read
+    /// from). utf8 / binary batches export to Arrow as `string_view` / `binary` and
+    /// `to_pylist()` gives `str` / `bytes`.
+    #[getter]
+    fn logical(&self) -> &'static str {
+        self.logical.name()
+    }
+
+    /// The records as Python objects: `str` (utf8 records, validated), `bytes` (binary) or one
+    /// NumPy array per record, shape restored (tensor records; views of the batch's memory).
+    fn to_pylist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let b = self.to_owned_batch(py)?;
+        b.check().py_err()?;
+        if !self.logical.is_bytes() {
+            let np = py.import("numpy")?;
+            let ts = b.to_tensors().py_err()?;
+            let items: Vec<Bound<'py, PyAny>> =
+                ts.into_iter().map(|t| np.call_method1("from_dlpack", (Py::new(py, PyDLTensor::new(t, false))?,))).collect::<PyResult<_>>()?;
+            return PyList::new(py, items);
+        }
+        if b.dtype() != DType::UInt8 || b.ndim() != 1 {
+            return Err(PyValueError::new_err(format!("a {} batch needs uint8 ndim-1 records, got {} ndim {}", self.logical, b.dtype(), b.ndim())));
+        }
+        let bytes = b.values().as_bytes();
+        let offs = b.cu_seqlens_slice();
+        let out = PyList::empty(py);
+        for (i, w) in offs.windows(2).enumerate() {
+            let s = &bytes[w[0] as usize..w[1] as usize];
+            if self.logical == Logical::Utf8 {
+                let s = std::str::from_utf8(s).map_err(|e| PyValueError::new_err(format!("record {i} is not valid UTF-8: {e}")))?;
+                out.append(pyo3::types::PyString::new(py, s))?;
+            } else {
+                out.append(pyo3::types::PyBytes::new(py, s))?;
+            }
+        }
+        Ok(out)
+    }
+
     #[getter]
     fn ndim(&self, py: Python<'_>) -> PyResult<usize> {
         match &self.repr {
@@ -412,12 +468,13 @@ impl PyRaggedBatch {
     #[pyo3(signature = (requested_schema = None))]
     fn __arrow_c_array__<'py>(&self, py: Python<'py>, requested_schema: Option<Bound<'py, PyCapsule>>) -> PyResult<Bound<'py, PyTuple>> {
         let b = self.to_owned_batch(py)?;
-        let (field, array) = ragged_to_arrow("data", &b).py_err()?;
+        let (field, array) = column_from_ragged("data", &b, self.logical).py_err()?;
         Ok(pyo3_arrow::ffi::to_array_pycapsules(py, field, &array, requested_schema)?)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
         match self.to_owned_batch(py) {
+            Ok(b) if self.logical.is_bytes() => format!("RaggedBatch(records={}, logical={}, bytes={})", b.len(), self.logical, b.values().numel()),
             Ok(b) => format!("RaggedBatch(records={}, dtype={}, ndim={}, values={})", b.len(), b.dtype(), b.ndim(), b.values().numel()),
             Err(_) => "RaggedBatch(<invalid fields>)".to_string(),
         }

@@ -187,11 +187,11 @@ impl PySourceView {
         Ok(self.view.clone())
     }
 
-    fn batch_to_py(py: Python<'_>, b: Batch, one: bool) -> PyResult<Py<PyAny>> {
+    fn batch_to_py(&self, py: Python<'_>, b: Batch, one: bool) -> PyResult<Py<PyAny>> {
         Ok(match b {
             Batch::Dense(t) if one => Py::new(py, PyDLTensor::new(t.index_axis0(0).py_err()?, false))?.into_any(),
             Batch::Dense(t) => Py::new(py, PyDLTensor::new(t, true))?.into_any(),
-            Batch::Ragged(r) => Py::new(py, PyRaggedBatch::owned(r))?.into_any(),
+            Batch::Ragged(r) => Py::new(py, PyRaggedBatch::owned_as(r, self.view.source().logical()))?.into_any(),
         })
     }
 
@@ -307,7 +307,7 @@ impl PySourceView {
         let sel = parse_key(key, self.view.len())?;
         let one = matches!(sel, Selection::One(_));
         let b = self.gather_sel(py, &sel)?;
-        PySourceView::batch_to_py(py, b, one)
+        self.batch_to_py(py, b, one)
     }
 
     /// Gather ids (any index expression) as one batch.
@@ -317,7 +317,7 @@ impl PySourceView {
             s => s,
         };
         let b = self.gather_sel(py, &sel)?;
-        PySourceView::batch_to_py(py, b, false)
+        self.batch_to_py(py, b, false)
     }
 
     /// The records (all, or `indices`) as an Arrow record batch with one column `data`, of the

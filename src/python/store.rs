@@ -316,9 +316,11 @@ macro_rules! store_class {
                 false
             }
             /// Pickles as its path; unpickling opens the store again (nothing is mapped across).
-            fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath,))> {
+            fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
                 let path = slf.get().store().map_err(|_| PyValueError::new_err("a closed store cannot be pickled"))?.path().to_path_buf();
-                Ok((slf.get_type().into_any(), (crate::python::PyPath(path),)))
+                let py = slf.py();
+                let r = (slf.get_type().into_any(), (crate::python::PyPath(path.clone()),)).into_pyobject(py)?.into_any();
+                travelling(py, &path, r)
             }
         }
     };
@@ -377,12 +379,40 @@ pub(crate) fn open(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
     wrap_store(py, store)
 }
 
-/// Storage options for object-store URLs at or below `prefix`.
+/// Whether `path` (a folder or URL) is a single store (else a dataset root, or nothing).
 #[pyfunction]
-pub(crate) fn register_storage_options(py: Python<'_>, prefix: String, options: std::collections::HashMap<String, String>) -> PyResult<()> {
+pub(crate) fn _is_store(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
+    py.detach(move || crate::store::Dataset::is_store(&path)).py_err()
+}
+
+/// Storage options for object-store URLs at or below `prefix`; `pickle_secrets`: whether
+/// objects pickled for other processes carry the secret ones too.
+#[pyfunction]
+#[pyo3(signature = (prefix, options, pickle_secrets = true))]
+pub(crate) fn register_storage_options(py: Python<'_>, prefix: String, options: std::collections::HashMap<String, String>, pickle_secrets: bool) -> PyResult<()> {
     let mut opts: Vec<(String, String)> = options.into_iter().collect();
     opts.sort();
-    py.detach(move || crate::store::object::register_storage_options(&prefix, opts)).py_err()
+    py.detach(move || crate::store::object::register_storage_options_with(&prefix, opts, pickle_secrets)).py_err()
+}
+
+/// Whether this process has storage options registered for exactly `prefix`.
+#[pyfunction]
+pub(crate) fn _storage_options_registered(prefix: String) -> bool {
+    crate::store::object::storage_options_registered(&prefix)
+}
+
+/// `reduce` (a `(callable, args)` pickle recipe for an object reading `path`), made to carry
+/// the storage options registered for `path` when it is a URL: unpickling registers them in
+/// the receiving process (unless it registered its own for that prefix) before the object opens.
+pub(crate) fn travelling<'py>(py: Python<'py>, path: &std::path::Path, reduce: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let Some((prefix, options)) = crate::store::object::options_to_pickle(&path.to_string_lossy()) else { return Ok(reduce) };
+    let (f, args): (Bound<'py, PyAny>, Bound<'py, PyAny>) = reduce.extract()?;
+    let opts = pyo3::types::PyDict::new(py);
+    for (k, v) in options {
+        opts.set_item(k, v)?;
+    }
+    let wrap = py.import("zrecord._pickle")?.getattr("with_storage_options")?;
+    Ok((wrap, (prefix, opts, f, args)).into_pyobject(py)?.into_any())
 }
 
 /// An opened store as its Python class.
@@ -506,10 +536,12 @@ impl PyDenseView {
 impl PyDenseView {
     /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
     /// and binds it (views of one allocator share one pool again after unpickling).
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath, PyAllocator, bool))> {
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
         let f = py.import("zrecord._pickle")?.getattr("view")?;
-        Ok((f, (crate::python::PyPath(self.view.store().path().to_path_buf()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
+        let path = self.view.store().path().to_path_buf();
+        let r = (f, (crate::python::PyPath(path.clone()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())).into_pyobject(py)?.into_any();
+        travelling(py, &path, r)
     }
 
     /// Whether reads check record checksums.
@@ -606,7 +638,7 @@ pub struct PyRaggedView {
 
 fn gather_ragged(py: Python<'_>, view: &RaggedView, sel: &Selection) -> PyResult<PyRaggedBatch> {
     let ids = sel.ids()?;
-    Ok(PyRaggedBatch::owned(py.detach(|| view.gather_ids(ids)).py_err()?))
+    Ok(PyRaggedBatch::owned_as(py.detach(|| view.gather_ids(ids)).py_err()?, view.logical()))
 }
 
 impl PyRaggedView {
@@ -620,10 +652,12 @@ impl PyRaggedView {
 impl PyRaggedView {
     /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
     /// and binds it (views of one allocator share one pool again after unpickling).
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (crate::python::PyPath, PyAllocator, bool))> {
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
         let f = py.import("zrecord._pickle")?.getattr("view")?;
-        Ok((f, (crate::python::PyPath(self.view.store().path().to_path_buf()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())))
+        let path = self.view.store().path().to_path_buf();
+        let r = (f, (crate::python::PyPath(path.clone()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())).into_pyobject(py)?.into_any();
+        travelling(py, &path, r)
     }
 
     /// Whether reads check record checksums.

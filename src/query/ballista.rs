@@ -35,6 +35,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -428,7 +429,23 @@ pub struct SchedulerOptions {
     pub external_host: Option<String>,
 }
 
+/// Seconds between an executor's heartbeats (zrecord executors; Ballista's default is 60).
+pub const EXECUTOR_HEARTBEAT_SECONDS: u64 = 1;
+/// Seconds without a heartbeat after which the scheduler declares an executor lost (Ballista's
+/// default is 180): bounds how long a query waits on a task of a dead executor before failing.
+pub const EXECUTOR_TIMEOUT_SECONDS: u64 = 6;
+
 /// Run a Ballista scheduler that plans with the zrecord extension, until the process ends.
+///
+/// Every query on a zrecord cluster returns the exact result or an error, also when executors
+/// die: ballista-scheduler 55 answers an executor loss (and a failed shuffle fetch) by rolling
+/// stages back and running them again, but the outputs the rolled-back stages had already
+/// published downstream are not withdrawn, so the rerun's rows are read beside the old ones
+/// (wrong results, silently; see docs/howto/sql.md). Here neither recovery runs: a failed fetch
+/// fails its stage at once (`stage_max_failures = 1`), and an executor loss fails every running
+/// job before the scheduler sees the loss ([`LossGuard`]). Lost executors are detected within
+/// [`EXECUTOR_TIMEOUT_SECONDS`] of their last heartbeat (or at once when a task cannot be
+/// launched on them).
 pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
     use ballista_scheduler::cluster::BallistaCluster;
     use ballista_scheduler::config::SchedulerConfig;
@@ -440,10 +457,100 @@ pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
         override_physical_codec: Some(Arc::new(ZrecordPhysicalCodec::default())),
         override_session_builder: Some(Arc::new(scheduler_state)),
         override_config_producer: Some(Arc::new(|| ballista_config(0))),
+        stage_max_failures: 1,
+        executor_timeout_seconds: EXECUTOR_TIMEOUT_SECONDS,
+        expire_dead_executor_interval_seconds: 1,
+        no_executors_grace_period_seconds: EXECUTOR_TIMEOUT_SECONDS,
         ..SchedulerConfig::default()
     };
-    let cluster = BallistaCluster::new_from_config(&config).await.map_err(ballista_err)?;
-    ballista_scheduler::scheduler_process::start_server(cluster, opts.bind, Arc::new(config)).await.map_err(ballista_err)
+    let config = Arc::new(config);
+    config.validate().map_err(ballista_err)?;
+    let memory = BallistaCluster::new_from_config(&config).await.map_err(ballista_err)?;
+    let guard = Arc::new(LossGuard { inner: memory.cluster_state(), scheduler: std::sync::OnceLock::new() });
+    let cluster = BallistaCluster::new(guard.clone(), memory.job_state());
+    let scheduler = ballista_scheduler::scheduler_process::create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, config).await.map_err(ballista_err)?;
+    let _ = guard.scheduler.set(scheduler.clone());
+    log::info!("zrecord Ballista scheduler listening on {}", opts.bind);
+    ballista_scheduler::scheduler_process::start_grpc_service(opts.bind, scheduler).await.map_err(ballista_err)
+}
+
+type Scheduler = ballista_scheduler::scheduler_server::SchedulerServer<LogicalPlanNode, PhysicalPlanNode>;
+
+/// The scheduler's cluster state (executors, task slots), unchanged but for one step: when an
+/// executor is removed (its heartbeats stopped, a task could not be launched on it, or it
+/// stopped), every running job is cancelled *before* the removal, so the cancellations are
+/// queued ahead of the scheduler's own `ExecutorLost` event, whose stage rollback would
+/// otherwise mix a rerun's outputs with the ones already published (ballista-scheduler 55).
+/// A job cancelled this way fails with Ballista's "Cancelled"; the scheduler logs which
+/// executor was lost.
+struct LossGuard {
+    inner: Arc<dyn ballista_scheduler::cluster::ClusterState>,
+    scheduler: std::sync::OnceLock<Scheduler>,
+}
+
+#[async_trait::async_trait]
+impl ballista_scheduler::cluster::ClusterState for LossGuard {
+    async fn init(&self) -> ballista_core::error::Result<()> {
+        self.inner.init().await
+    }
+
+    async fn bind_schedulable_tasks(
+        &self,
+        distribution: ballista_scheduler::config::TaskDistributionPolicy,
+        active_jobs: Arc<std::collections::HashMap<ballista_core::JobId, ballista_scheduler::state::task_manager::JobInfoCache>>,
+        executors: Option<std::collections::HashSet<String>>,
+    ) -> ballista_core::error::Result<Vec<ballista_scheduler::cluster::BoundTask>> {
+        self.inner.bind_schedulable_tasks(distribution, active_jobs, executors).await
+    }
+
+    async fn unbind_tasks(&self, executor_slots: Vec<ballista_scheduler::cluster::ExecutorSlot>) -> ballista_core::error::Result<()> {
+        self.inner.unbind_tasks(executor_slots).await
+    }
+
+    async fn register_executor(&self, metadata: ballista_core::serde::scheduler::ExecutorMetadata, spec: ballista_core::serde::scheduler::ExecutorData) -> ballista_core::error::Result<()> {
+        self.inner.register_executor(metadata, spec).await
+    }
+
+    async fn save_executor_metadata(&self, metadata: ballista_core::serde::scheduler::ExecutorMetadata) -> ballista_core::error::Result<()> {
+        self.inner.save_executor_metadata(metadata).await
+    }
+
+    async fn get_executor_metadata(&self, executor_id: &str) -> ballista_core::error::Result<ballista_core::serde::scheduler::ExecutorMetadata> {
+        self.inner.get_executor_metadata(executor_id).await
+    }
+
+    async fn registered_executor_metadata(&self) -> Vec<ballista_core::serde::scheduler::ExecutorMetadata> {
+        self.inner.registered_executor_metadata().await
+    }
+
+    async fn save_executor_heartbeat(&self, heartbeat: ballista_core::serde::protobuf::ExecutorHeartbeat) -> ballista_core::error::Result<()> {
+        self.inner.save_executor_heartbeat(heartbeat).await
+    }
+
+    async fn remove_executor(&self, executor_id: &str) -> ballista_core::error::Result<()> {
+        if let Some(scheduler) = self.scheduler.get() {
+            let jobs: Vec<ballista_core::JobId> = scheduler.state.task_manager.get_running_job_cache().keys().cloned().collect();
+            for job in jobs {
+                log::warn!("executor {executor_id} is lost: cancelling job {job} (its result could otherwise be wrong: stages are not re-run on a zrecord cluster)");
+                if let Err(e) = scheduler.cancel_job(job.clone()).await {
+                    log::error!("could not cancel job {job} after losing executor {executor_id}: {e}");
+                }
+            }
+        }
+        self.inner.remove_executor(executor_id).await
+    }
+
+    fn executor_heartbeats(&self) -> std::collections::HashMap<String, ballista_core::serde::protobuf::ExecutorHeartbeat> {
+        self.inner.executor_heartbeats()
+    }
+
+    fn get_executor_heartbeat(&self, executor_id: &str) -> Option<ballista_core::serde::protobuf::ExecutorHeartbeat> {
+        self.inner.get_executor_heartbeat(executor_id)
+    }
+
+    async fn cluster_state_events(&self) -> ballista_core::error::Result<ballista_scheduler::cluster::ClusterStateEventStream> {
+        self.inner.cluster_state_events().await
+    }
 }
 
 /// Where an executor listens and which scheduler it serves.
@@ -495,6 +602,7 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
         override_physical_codec: Some(Arc::new(ZrecordPhysicalCodec::default())),
         override_function_registry: Some(Arc::new(registry)),
         override_config_producer: Some(Arc::new(|| ballista_config(0))),
+        executor_heartbeat_interval_seconds: EXECUTOR_HEARTBEAT_SECONDS,
         ..ExecutorProcessConfig::default()
     };
     if opts.concurrent_tasks > 0 {

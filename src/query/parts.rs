@@ -325,13 +325,29 @@ impl ExecutionPlan for ZrecordPartsExec {
         log::debug!("part writer for partition {partition} of {} starts at {key_source:?} {key_start}", self.properties.partitioning.partition_count());
         let streams = serde_json::to_string(&DatasetWriter::stream_entries(&self.columns)).map_err(|e| Error::invalid("plan", e.to_string()))?;
         let fut = async move {
+            // Registered before anything is written; dropped last (after the writer, whose drop
+            // removes its own staging), so a commit that waits for the run waits for this part.
+            let run = CopyRun::join(target.token);
+            let _active = run.enter();
             let name = target.part_name();
             let dir = target.parts_dir()?;
             let dest = PartsTarget::join(&dir, &name);
             let keep: Vec<usize> = data.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != ID_COLUMN).map(|(i, _)| i).collect();
+            let cancelled = || -> datafusion::error::DataFusionError {
+                datafusion::error::DataFusionError::Execution(format!("COPY to {}: part {name} cancelled (another part failed)", target.dest.display()))
+            };
             let written = async {
                 let mut writer = DatasetWriter::create(&dest, &columns, target.options.clone()).map_err(|e| e.context(format!("part {name} of {}", target.dest.display())))?;
-                while let Some(batch) = data.next().await {
+                let mut stop = run.cancel.subscribe();
+                loop {
+                    if *stop.borrow_and_update() {
+                        return Err(Cancel::Sibling);
+                    }
+                    let batch = tokio::select! {
+                        b = data.next() => b,
+                        _ = stop.changed() => continue,
+                    };
+                    let Some(batch) = batch else { break };
                     let batch = batch?.project(&keep)?;
                     // CPU work inline, as DataFusion's own operators do; encoding and writing
                     // run on the writer's shard threads.
@@ -341,18 +357,28 @@ impl ExecutionPlan for ZrecordPartsExec {
                     }
                 }
                 let n = writer.len();
+                if run.is_cancelled() {
+                    return Err(Cancel::Sibling);
+                }
                 writer.finish()?;
-                Ok::<u64, datafusion::error::DataFusionError>(n)
+                Ok::<u64, Cancel>(n)
             }
             .await;
             let n = match written {
                 Ok(n) => n,
                 Err(e) => {
-                    // The COPY fails: nothing of it will be published. Locally the whole
-                    // staging folder goes (parts still being written fail with it); on an object
-                    // store this part's objects (the others' are unknown here: `zrec gc`).
-                    cleanup(&target, &dir, std::iter::once(name.as_str()));
-                    return Err(e);
+                    // The COPY fails and nothing of it will be published. This part's writer has
+                    // removed its own staging already (dropped above); on an object store its
+                    // objects go too. The staging folder is the commit's to remove, once every
+                    // part is done: removing it here would fail siblings still writing into it
+                    // with errors of their own.
+                    if target.remote() {
+                        cleanup_parts(&target, std::iter::once(name.as_str()));
+                    }
+                    return Err(match e {
+                        Cancel::Sibling => cancelled(),
+                        Cancel::Failed(e) => run.fail(e),
+                    });
                 }
             };
             let cols: Vec<Arc<dyn Array>> = vec![
@@ -424,13 +450,27 @@ impl ExecutionPlan for ZrecordCommitExec {
         let mut rows = self.input.execute(0, context)?;
         let (target, expected) = (self.target.clone(), self.expected);
         let fut = async move {
+            let run = CopyRun::join(target.token);
             let mut parts: Vec<PartRow> = Vec::new();
+            let mut failed: Option<datafusion::error::DataFusionError> = None;
+            // Every part's answer is awaited, failures included: the stream ends once every part
+            // writer has finished (a failure cancels the others, which stop at their next batch),
+            // so the cleanup below never races a part still writing.
             while let Some(b) = rows.next().await {
-                let b = b?;
+                let b = match b {
+                    Ok(b) => b,
+                    Err(e) => {
+                        run.cancel();
+                        failed.get_or_insert(e);
+                        continue;
+                    }
+                };
                 let col = |i: usize| b.column(i).as_any().downcast_ref::<StringArray>().cloned();
                 let num = |i: usize| b.column(i).as_any().downcast_ref::<UInt64Array>().cloned();
                 let (Some(p), Some(n), Some(ks), Some(k0), Some(st)) = (col(0), num(1), col(2), num(3), col(4)) else {
-                    return Err(Error::invalid("plan", "ZrecordCommitExec's input is not part rows").into());
+                    run.cancel();
+                    failed.get_or_insert(Error::invalid("plan", "ZrecordCommitExec's input is not part rows").into());
+                    continue;
                 };
                 for i in 0..b.num_rows() {
                     parts.push(PartRow {
@@ -439,6 +479,19 @@ impl ExecutionPlan for ZrecordCommitExec {
                         streams: st.value(i).to_string(),
                     });
                 }
+            }
+            if let Some(e) = failed {
+                // Part writers of this process that are still unwinding (a stream dropped early)
+                // are waited for before their folder goes.
+                run.wait_idle().await;
+                let dir = target.parts_dir()?;
+                if target.remote() {
+                    cleanup_parts(&target, parts.iter().map(|p| p.entry.path.as_str()));
+                } else {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                // The first failure wins over the cancellations (and I/O errors) it caused.
+                return Err(run.first_error().unwrap_or(e));
             }
             let total = commit(&target, expected, parts)?;
             Ok(RecordBatch::try_new(count_schema(), vec![Arc::new(UInt64Array::from(vec![total]))])?)
@@ -494,13 +547,127 @@ fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Res
 /// is left).
 fn cleanup<'a>(target: &PartsTarget, dir: &Path, parts: impl Iterator<Item = &'a str>) {
     if target.remote() {
-        let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
-        if let Ok(remote) = crate::store::object::connect(&url) {
-            for p in parts {
-                let _ = remote.join(p).delete_tree("");
-            }
-        }
+        cleanup_parts(target, parts);
     } else {
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Remove these parts of a COPY to an object store.
+fn cleanup_parts<'a>(target: &PartsTarget, parts: impl Iterator<Item = &'a str>) {
+    let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
+    if let Ok(remote) = crate::store::object::connect(&url) {
+        for p in parts {
+            let _ = remote.join(p).delete_tree("");
+        }
+    }
+}
+
+/// Why a part writer stopped early.
+enum Cancel {
+    /// Another part failed first.
+    Sibling,
+    /// This part failed.
+    Failed(datafusion::error::DataFusionError),
+}
+
+impl From<datafusion::error::DataFusionError> for Cancel {
+    fn from(e: datafusion::error::DataFusionError) -> Cancel {
+        Cancel::Failed(e)
+    }
+}
+
+impl From<Error> for Cancel {
+    fn from(e: Error) -> Cancel {
+        Cancel::Failed(e.into())
+    }
+}
+
+impl From<arrow_schema::ArrowError> for Cancel {
+    fn from(e: arrow_schema::ArrowError) -> Cancel {
+        Cancel::Failed(e.into())
+    }
+}
+
+/// What the part writers and the commit of one COPY share within a process (keyed by the
+/// COPY's token): the first failure, a cancel signal and a count of running part writers. On a
+/// Ballista cluster each process has its own, so part writers of one executor still cancel each
+/// other, and the commit sees the first error that reached it.
+struct CopyRun {
+    token: u64,
+    cancel: tokio::sync::watch::Sender<bool>,
+    first: std::sync::Mutex<Option<Arc<datafusion::error::DataFusionError>>>,
+    active: tokio::sync::watch::Sender<usize>,
+}
+
+type Runs = std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<CopyRun>>>;
+
+fn runs() -> &'static Runs {
+    static RUNS: std::sync::OnceLock<Runs> = std::sync::OnceLock::new();
+    RUNS.get_or_init(Default::default)
+}
+
+impl CopyRun {
+    /// This process's state of the COPY named `token` (made by whichever of its operators runs
+    /// first; gone when the last one drops it).
+    fn join(token: u64) -> Arc<CopyRun> {
+        let mut runs = runs().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(run) = runs.get(&token).and_then(|w| w.upgrade()) {
+            return run;
+        }
+        runs.retain(|_, w| w.strong_count() > 0);
+        let run = Arc::new(CopyRun {
+            token,
+            cancel: tokio::sync::watch::channel(false).0,
+            first: std::sync::Mutex::new(None),
+            active: tokio::sync::watch::channel(0).0,
+        });
+        runs.insert(token, Arc::downgrade(&run));
+        run
+    }
+
+    fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    fn cancel(&self) {
+        self.cancel.send_replace(true);
+    }
+
+    /// Record a part's failure (the first one recorded is the COPY's error), cancel the others,
+    /// and return the error to report for this part.
+    fn fail(&self, e: datafusion::error::DataFusionError) -> datafusion::error::DataFusionError {
+        let e = Arc::new(e);
+        {
+            let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+            first.get_or_insert_with(|| e.clone());
+        }
+        log::debug!("COPY {:016x}: a part failed, cancelling the others: {e}", self.token);
+        self.cancel();
+        datafusion::error::DataFusionError::Shared(e)
+    }
+
+    fn first_error(&self) -> Option<datafusion::error::DataFusionError> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone().map(datafusion::error::DataFusionError::Shared)
+    }
+
+    /// Count a running part writer until the guard drops.
+    fn enter(self: &Arc<CopyRun>) -> ActivePart {
+        self.active.send_modify(|n| *n += 1);
+        ActivePart(self.clone())
+    }
+
+    /// Wait until no part writer of this process is running.
+    async fn wait_idle(&self) {
+        let mut rx = self.active.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+struct ActivePart(Arc<CopyRun>);
+
+impl Drop for ActivePart {
+    fn drop(&mut self) {
+        self.0.active.send_modify(|n| *n -= 1);
     }
 }

@@ -48,10 +48,17 @@ pub fn writer_options(options: &HashMap<String, String>) -> Result<WriterOptions
             "level" => w.level = v.trim().parse().map_err(|_| Error::invalid("level", format!("'{v}' is not an integer")))?,
             "data_shards" => w.data_shards = v.trim().parse().map_err(|_| Error::invalid("data_shards", format!("'{v}' is not a positive integer")))?,
             "dictionary" => dict_path = Some(v.clone()),
+            "allow_empty" => {
+                w.allow_empty = match v.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" | "on" => true,
+                    "false" | "0" | "no" | "off" => false,
+                    _ => return Err(Error::invalid("allow_empty", format!("'{v}' is not a boolean (true or false)"))),
+                }
+            }
             other => {
                 return Err(Error::invalid(
                     "option",
-                    format!("unknown ZRECORD option '{other}' (known: codec, level, data_shards, dictionary)"),
+                    format!("unknown ZRECORD option '{other}' (known: codec, level, data_shards, dictionary, allow_empty)"),
                 ))
             }
         }
@@ -373,15 +380,17 @@ pub(crate) struct OptionsSpec {
     level: i32,
     data_shards: usize,
     dictionary: Option<Vec<u8>>,
+    #[serde(default)]
+    allow_empty: bool,
 }
 
 impl OptionsSpec {
     pub(crate) fn of(o: &WriterOptions) -> OptionsSpec {
-        OptionsSpec { codec: o.codec.name().to_string(), level: o.level, data_shards: o.data_shards, dictionary: o.dictionary.clone() }
+        OptionsSpec { codec: o.codec.name().to_string(), level: o.level, data_shards: o.data_shards, dictionary: o.dictionary.clone(), allow_empty: o.allow_empty }
     }
 
     pub(crate) fn to_options(&self) -> Result<WriterOptions> {
-        Ok(WriterOptions { codec: self.codec.parse::<Codec>()?, level: self.level, data_shards: self.data_shards, dictionary: self.dictionary.clone(), ..WriterOptions::default() })
+        Ok(WriterOptions { codec: self.codec.parse::<Codec>()?, level: self.level, data_shards: self.data_shards, dictionary: self.dictionary.clone(), allow_empty: self.allow_empty, ..WriterOptions::default() })
     }
 }
 

@@ -174,6 +174,17 @@ impl Dataset {
         Ok(d)
     }
 
+    /// Whether `path` (a folder or an object-store URL) is a single store rather than a dataset
+    /// root: the same test [`Dataset::open`] makes first, through the same access paths.
+    pub fn is_store(path: impl AsRef<Path>) -> Result<bool> {
+        let path = path.as_ref();
+        if crate::store::object::is_url(path) {
+            let url = path.to_str().unwrap_or_default().trim_end_matches('/');
+            return crate::store::object::connect(url)?.exists(format::MANIFEST);
+        }
+        Ok(crate::store::object::local_path(path).join(format::MANIFEST).exists())
+    }
+
     fn open_at(path: &Path) -> Result<Dataset> {
         if crate::store::object::is_url(path) {
             return Dataset::open_remote(path);
@@ -263,12 +274,20 @@ impl Dataset {
             (v, _) => return Err(Error::UnsupportedVersion { path: meta, found: v, supported: DATASET_VERSION_PARTS }),
         }
         let leaves = |p: &str| p.is_empty() || p.contains("..") || p.starts_with('/') || p.contains("://");
+        // A path no file system or object store can name: NUL and other control characters.
+        let unnameable = |p: &str| p.chars().find(|c| c.is_control()).map(|c| if c == '\0' { "a NUL byte".to_string() } else { format!("the control character {:?}", c) });
         for e in &m.streams {
+            if let Some(what) = unnameable(&e.path) {
+                return Err(Error::corrupt(&meta, format!("stream '{}': field 'path' ({:?}) contains {what}", e.name.escape_debug(), e.path)));
+            }
             if leaves(&e.path) {
                 return Err(Error::corrupt(&meta, format!("stream '{}' path '{}' leaves the root", e.name, e.path)));
             }
         }
         for p in &m.parts {
+            if let Some(what) = unnameable(&p.path) {
+                return Err(Error::corrupt(&meta, format!("part: field 'path' ({:?}) contains {what}", p.path)));
+            }
             if leaves(&p.path) {
                 return Err(Error::corrupt(&meta, format!("part path '{}' leaves the root", p.path)));
             }

@@ -165,8 +165,8 @@ impl RemoteOptions {
 }
 
 /// Storage options registered per URL prefix (longest match wins).
-/// `(URL prefix, options)` pairs.
-type Registered = Vec<(String, Vec<(String, String)>)>;
+/// `(URL prefix, options, whether secrets travel with pickles)`.
+type Registered = Vec<(String, Vec<(String, String)>, bool)>;
 
 fn registered() -> &'static Mutex<Registered> {
     static R: OnceLock<Mutex<Registered>> = OnceLock::new();
@@ -174,8 +174,15 @@ fn registered() -> &'static Mutex<Registered> {
 }
 
 /// Use `options` for every URL at or below `prefix` (replacing what was registered for that
-/// exact prefix). Keys are checked when a store is connected.
+/// exact prefix). Keys are checked when a store is connected. Objects pickled for another
+/// process carry these options (see [`options_to_pickle`]); the secret ones only when
+/// `pickle_secrets`.
 pub fn register_storage_options(prefix: &str, options: Vec<(String, String)>) -> Result<()> {
+    register_storage_options_with(prefix, options, true)
+}
+
+/// [`register_storage_options`], choosing whether secret options travel with pickles.
+pub fn register_storage_options_with(prefix: &str, options: Vec<(String, String)>, pickle_secrets: bool) -> Result<()> {
     let prefix = prefix.trim_end_matches('/').to_string();
     if !prefix.contains("://") {
         return Err(Error::invalid("storage_options", format!("'{prefix}' is not a URL (scheme://...)")));
@@ -183,18 +190,69 @@ pub fn register_storage_options(prefix: &str, options: Vec<(String, String)>) ->
     // Fail now on bad keys rather than at the first read.
     connect_with(&format!("{prefix}/"), &options)?;
     let mut r = registered().lock().unwrap_or_else(|p| p.into_inner());
-    r.retain(|(p, _)| *p != prefix);
-    r.push((prefix, options));
+    r.retain(|(p, _, _)| *p != prefix);
+    r.push((prefix, options, pickle_secrets));
     Ok(())
 }
 
-fn options_for(url: &str) -> Vec<(String, String)> {
+/// Whether options are registered for exactly `prefix`.
+pub fn storage_options_registered(prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    registered().lock().unwrap_or_else(|p| p.into_inner()).iter().any(|(p, _, _)| p == prefix)
+}
+
+/// A storage option that is a credential: kept out of pickles when asked.
+pub fn is_secret_option(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["secret", "token", "password", "access_key", "account_key", "sas", "service_account_key", "credential", "bearer"].iter().any(|s| k.contains(s))
+}
+
+/// The environment variables that hold credentials for `url`'s scheme (messages).
+fn credential_variables(url: &str) -> &'static str {
+    match url.split_once("://").map(|(s, _)| s.to_ascii_lowercase()).as_deref() {
+        Some("s3" | "s3a") => "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_WEB_IDENTITY_TOKEN_FILE",
+        Some("gs" | "gcs") => "GOOGLE_APPLICATION_CREDENTIALS, GOOGLE_SERVICE_ACCOUNT",
+        Some("az" | "abfs" | "abfss" | "azure") => "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, AZURE_CLIENT_SECRET",
+        _ => "none needed for this scheme",
+    }
+}
+
+/// Whether credentials are configured for a store of `scheme`: a credential among `options`
+/// (or anonymous access asked for), or in the environment. Schemes without credentials (http)
+/// always have them.
+fn has_credentials(scheme: &str, options: &[(String, String)]) -> bool {
+    if options.iter().any(|(k, _)| is_secret_option(k) || k.contains("skip_signature") || k.contains("profile") || k.contains("use_emulator") || k.contains("anonymous")) {
+        return true;
+    }
+    let env = |names: &[&str]| names.iter().any(|n| std::env::var_os(n).is_some_and(|v| !v.is_empty()));
+    match scheme {
+        "s3" | "s3a" => env(&["AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_SKIP_SIGNATURE"]),
+        "gs" | "gcs" => env(&["GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT_KEY"]),
+        "az" | "abfs" | "abfss" | "azure" => env(&["AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ACCESS_KEY", "AZURE_STORAGE_SAS_KEY", "AZURE_STORAGE_TOKEN", "AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_STORAGE_USE_EMULATOR"]),
+        _ => true,
+    }
+}
+
+/// The registration that applies to `url`: `(prefix, options, pickle_secrets)`.
+fn registration_for(url: &str) -> Option<(String, Vec<(String, String)>, bool)> {
     let r = registered().lock().unwrap_or_else(|p| p.into_inner());
-    r.iter()
-        .filter(|(p, _)| url == p || url.strip_prefix(p.as_str()).is_some_and(|rest| rest.starts_with('/')))
-        .max_by_key(|(p, _)| p.len())
-        .map(|(_, o)| o.clone())
-        .unwrap_or_default()
+    r.iter().filter(|(p, _, _)| url == p || url.strip_prefix(p.as_str()).is_some_and(|rest| rest.starts_with('/'))).max_by_key(|(p, _, _)| p.len()).cloned()
+}
+
+fn options_for(url: &str) -> Vec<(String, String)> {
+    registration_for(url.trim_end_matches('/')).map(|(_, o, _)| o).unwrap_or_default()
+}
+
+/// What an object reading `url` carries into another process when pickled: the prefix its
+/// options were registered for and those options (without the secret ones when they were
+/// registered with `pickle_secrets = false`; the other process then takes credentials from
+/// its environment). `None` for local paths and URLs without registered options.
+pub fn options_to_pickle(url: &str) -> Option<(String, Vec<(String, String)>)> {
+    if !url.contains("://") {
+        return None;
+    }
+    let (prefix, options, secrets) = registration_for(url.trim_end_matches('/'))?;
+    Some((prefix, options.into_iter().filter(|(k, _)| secrets || !is_secret_option(k)).collect()))
 }
 
 /// A folder on an object store: the store, the key prefix, and the read plan.
@@ -206,6 +264,9 @@ pub struct Remote {
     /// `scheme://authority` (messages).
     root: String,
     opts: RemoteOptions,
+    /// Whether credentials were configured (options or environment): a refused request
+    /// without any says so.
+    credentials: bool,
 }
 
 impl std::fmt::Debug for Remote {
@@ -261,7 +322,8 @@ pub fn connect_with(url: &str, options: &[(String, String)]) -> Result<Remote> {
     if prefix.split('/').any(|c| c == "..") {
         return Err(bad("'..' is not allowed in an object key".into()));
     }
-    Ok(Remote { store, prefix, root, opts })
+    let credentials = has_credentials(&scheme, options);
+    Ok(Remote { store, prefix, root, opts, credentials })
 }
 
 /// The connected object store for `url`'s bucket (`scheme://authority`, the store), for
@@ -371,7 +433,7 @@ impl Remote {
             (true, false) => key.to_string(),
             (false, false) => format!("{}/{key}", self.prefix),
         };
-        Remote { store: self.store.clone(), prefix, root: self.root.clone(), opts: self.opts.clone() }
+        Remote { store: self.store.clone(), prefix, root: self.root.clone(), opts: self.opts.clone(), credentials: self.credentials }
     }
 
     /// `scheme://authority/prefix`.
@@ -423,6 +485,21 @@ impl Remote {
                 };
                 (kind, status)
             }
+        };
+        let lacks_credentials = !self.credentials
+            && (kind == RemoteKind::PermissionDenied || ["credential", "169.254.169.254", "instance metadata", "metadata endpoint", "latest/api/token", "latest/meta-data", "imds"].iter().any(|w| message.to_ascii_lowercase().contains(w)));
+        let (kind, message) = if lacks_credentials {
+            (
+                RemoteKind::PermissionDenied,
+                format!(
+                    "no credentials for {}: none in its storage options (zrecord.set_storage_options) nor in this process's environment ({}); \
+                     a worker process gets them from the pickled object or from its own environment ({message})",
+                    self.root,
+                    credential_variables(&self.root)
+                ),
+            )
+        } else {
+            (kind, message)
         };
         Error::Remote { url: self.url_of(name), range: range.map(|r| (r.start, r.end)), status, kind, message }
     }
@@ -731,7 +808,14 @@ impl ObjectLocation {
     fn file(&self, name: &str, expected_len: u64, head: Option<(Bytes, u64)>) -> Result<Box<dyn ByteSource>> {
         let url = self.remote.url_of(name);
         let Some((head, size)) = head else {
-            return Err(Error::corrupt(&url, "object is missing"));
+            // A 404, as for any other object: FileNotFoundError in Python (the docs' rule).
+            return Err(Error::Remote {
+                url,
+                range: None,
+                status: Some(404),
+                kind: crate::error::RemoteKind::NotFound,
+                message: "an object listed in the store's manifest is missing".into(),
+            });
         };
         if size != expected_len {
             return Err(Error::corrupt(&url, format!("object is {size} bytes, the manifest says {expected_len}")));
@@ -1214,7 +1298,7 @@ mod tests {
     use super::*;
 
     fn memory_remote(opts: RemoteOptions) -> Remote {
-        Remote { store: Arc::new(object_store::memory::InMemory::new()), prefix: "root/store".into(), root: "memory://test".into(), opts }
+        Remote { store: Arc::new(object_store::memory::InMemory::new()), prefix: "root/store".into(), root: "memory://test".into(), credentials: true, opts }
     }
 
     fn put(r: &Remote, name: &str, data: Vec<u8>) {
@@ -1234,7 +1318,7 @@ mod tests {
         put(&r, "f", data.clone());
         let loc = ObjectLocation::new(r);
         assert!(matches!(loc.open("f", 9_999), Err(Error::Corrupt { .. })), "size is checked at open");
-        assert!(matches!(loc.open("missing", 10), Err(Error::Corrupt { .. })));
+        assert!(matches!(loc.open("missing", 10), Err(Error::Remote { kind: crate::error::RemoteKind::NotFound, status: Some(404), .. })));
         let src = loc.open("f", 10_000).unwrap_or_else(|e| panic!("{e}"));
         let f = src.as_object().unwrap_or_else(|| panic!("an object file"));
         // 3 ranges within the gap merge into one request; a far one is its own; a long one splits.

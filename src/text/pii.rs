@@ -27,13 +27,16 @@ pub enum PiiKind {
     /// Phone numbers written as phone numbers: `+` country code, or NANP `(AAA) EEE-NNNN` /
     /// `AAA-EEE-NNNN` with valid area and exchange codes.
     Phone,
+    /// International bank account numbers (ISO 13616): a registered country code, that
+    /// country's length, and the mod-97 check; compact or in groups of four separated by spaces.
+    Iban,
 }
 
 impl PiiKind {
     /// Every kind, in masking priority order.
-    pub const ALL: [PiiKind; 7] = [PiiKind::ApiKey, PiiKind::Email, PiiKind::CreditCard, PiiKind::Ssn, PiiKind::Ipv6, PiiKind::Ipv4, PiiKind::Phone];
+    pub const ALL: [PiiKind; KINDS] = [PiiKind::ApiKey, PiiKind::Email, PiiKind::Iban, PiiKind::CreditCard, PiiKind::Ssn, PiiKind::Ipv6, PiiKind::Ipv4, PiiKind::Phone];
 
-    /// `api_key`, `email`, `credit_card`, `ssn`, `ipv6`, `ipv4`, `phone`.
+    /// `api_key`, `email`, `iban`, `credit_card`, `ssn`, `ipv6`, `ipv4`, `phone`.
     pub fn name(self) -> &'static str {
         match self {
             PiiKind::ApiKey => "api_key",
@@ -43,12 +46,13 @@ impl PiiKind {
             PiiKind::Ipv6 => "ipv6",
             PiiKind::Ipv4 => "ipv4",
             PiiKind::Phone => "phone",
+            PiiKind::Iban => "iban",
         }
     }
 
     /// Parse a kind name (`ip` means both address kinds' placeholder is set by the caller).
     pub fn parse(name: &str) -> Result<PiiKind> {
-        PiiKind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| Error::invalid("pii kind", format!("unknown kind '{name}' (api_key, email, credit_card, ssn, ipv6, ipv4, phone)")))
+        PiiKind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| Error::invalid("pii kind", format!("unknown kind '{name}' (api_key, email, iban, credit_card, ssn, ipv6, ipv4, phone)")))
     }
 
     /// The default placeholder.
@@ -60,16 +64,22 @@ impl PiiKind {
             PiiKind::Ssn => "<SSN>",
             PiiKind::Ipv6 | PiiKind::Ipv4 => "<IP_ADDRESS>",
             PiiKind::Phone => "<PHONE>",
+            PiiKind::Iban => "<IBAN>",
         }
     }
 }
 
-const PATTERNS: [(PiiKind, &str); 7] = [
+/// How many kinds there are.
+const KINDS: usize = 8;
+
+/// One pattern per kind, in the order of [`PiiKind::ALL`].
+const PATTERNS: [(PiiKind, &str); KINDS] = [
     (
         PiiKind::ApiKey,
         r"(?-u)\b(?:(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}|sk-(?:proj-|ant-(?:api[0-9][0-9]-)?)?[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255}|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36})",
     ),
     (PiiKind::Email, r"(?i-u)\b[a-z0-9][a-z0-9._%+-]{0,63}@[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.[a-z]{2,24}\b"),
+    (PiiKind::Iban, r"(?-u)\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"),
     (PiiKind::CreditCard, r"(?-u)\b[0-9](?:[ -]?[0-9]){12,18}\b"),
     (PiiKind::Ssn, r"(?-u)\b[0-9]{3}-[0-9]{2}-[0-9]{4}\b"),
     (PiiKind::Ipv6, r"(?i-u)[0-9a-f:]*:[0-9a-f]*:[0-9a-f:.]*"),
@@ -91,8 +101,8 @@ const VERSION_WORDS: [&str; 12] = ["version", "ver", "v", "release", "build", "r
 pub struct PiiMasker {
     set: RegexSet,
     regexes: Vec<(PiiKind, Regex)>,
-    placeholders: [String; 7],
-    enabled: [bool; 7],
+    placeholders: [String; KINDS],
+    enabled: [bool; KINDS],
 }
 
 impl Default for PiiMasker {
@@ -110,11 +120,11 @@ impl PiiMasker {
     pub fn new(kinds: &[PiiKind], placeholders: &[(PiiKind, String)]) -> Result<PiiMasker> {
         let set = RegexSet::new(PATTERNS.iter().map(|p| p.1)).map_err(|e| Error::invalid("pii pattern", e.to_string()))?;
         let regexes = PATTERNS.iter().map(|&(k, p)| Regex::new(p).map(|r| (k, r)).map_err(|e| Error::invalid("pii pattern", e.to_string()))).collect::<Result<Vec<_>>>()?;
-        let mut ph: [String; 7] = PiiKind::ALL.map(|k| k.placeholder().to_string());
+        let mut ph: [String; KINDS] = PiiKind::ALL.map(|k| k.placeholder().to_string());
         for (k, p) in placeholders {
             ph[index(*k)] = p.clone();
         }
-        let mut enabled = [false; 7];
+        let mut enabled = [false; KINDS];
         for k in kinds {
             enabled[index(*k)] = true;
         }
@@ -123,8 +133,10 @@ impl PiiMasker {
 
     /// The validated spans (byte ranges) of personal data in `text`, in order, not overlapping.
     pub fn find(&self, text: &str) -> Vec<(PiiKind, Range<usize>)> {
-        // Every kind needs a digit or an `@`: most text is rejected by one byte scan.
-        if !text.bytes().any(|b| b.is_ascii_digit() || b == b'@') {
+        // Every kind needs a digit or an `@`, except AWS key ids (which may be all letters):
+        // most text is rejected by one byte scan. The prefilter only skips work; it never
+        // decides what is masked.
+        if !text.bytes().any(|b| b.is_ascii_digit() || b == b'@') && !(self.enabled[index(PiiKind::ApiKey)] && (text.contains("AKIA") || text.contains("ASIA"))) {
             return Vec::new();
         }
         let hits = self.set.matches(text);
@@ -233,7 +245,15 @@ fn validate(kind: PiiKind, text: &str, r: Range<usize>) -> Option<Range<usize>> 
                 let t = &text[cand.clone()];
                 let after = text[cand.end..].chars().next();
                 if t.matches(':').count() >= 2 && Ipv6Addr::from_str(t).is_ok() && !after.is_some_and(|c| c.is_alphanumeric() || c == '_') && t.bytes().any(|b| b.is_ascii_hexdigit()) {
-                    return Some(cand);
+                    // Short compressed forms (`::1`, `fe80::1`: fewer than three groups) read
+                    // as addresses only standing alone in prose; in code (`a[::2]`,
+                    // `x[1::3]`, `x[:, ::2]`) they are slices.
+                    let groups = t.split([':', '.']).filter(|g| !g.is_empty()).count();
+                    let alone = |c: Option<char>, ok: &[char]| c.is_none_or(|c| c.is_whitespace() || ok.contains(&c));
+                    if groups >= 3 || (alone(before, &['(', '"', '\'']) && alone(after, &['.', ',', ';', ')', '"', '\'', '!', '?'])) {
+                        return Some(cand);
+                    }
+                    return None;
                 }
                 if t.ends_with(':') || t.ends_with('.') {
                     cand.end -= 1;
@@ -243,6 +263,7 @@ fn validate(kind: PiiKind, text: &str, r: Range<usize>) -> Option<Range<usize>> 
             }
             None
         }
+        PiiKind::Iban => iban(s).map(|len| r.start..r.start + len),
         PiiKind::Phone => {
             let digits: Vec<u8> = s.bytes().filter(u8::is_ascii_digit).map(|b| b - b'0').collect();
             if s.starts_with('+') {
@@ -253,6 +274,53 @@ fn validate(kind: PiiKind, text: &str, r: Range<usize>) -> Option<Range<usize>> 
             (d.len() == 10 && d[0] >= 2 && d[3] >= 2 && !(d[1] == 1 && d[2] == 1)).then_some(r)
         }
     }
+}
+
+/// IBAN lengths by country (the ISO 13616 registry).
+const IBAN_LENGTHS: [(&str, usize); 87] = [
+    ("AD", 24), ("AE", 23), ("AL", 28), ("AT", 20), ("AZ", 28), ("BA", 20), ("BE", 16), ("BG", 22), ("BH", 22), ("BI", 27),
+    ("BR", 29), ("BY", 28), ("CH", 21), ("CR", 22), ("CY", 28), ("CZ", 24), ("DE", 22), ("DJ", 27), ("DK", 18), ("DO", 28),
+    ("EE", 20), ("EG", 29), ("ES", 24), ("FI", 18), ("FK", 18), ("FO", 18), ("FR", 27), ("GB", 22), ("GE", 22), ("GI", 23),
+    ("GL", 18), ("GR", 27), ("GT", 28), ("HR", 21), ("HU", 28), ("IE", 22), ("IL", 23), ("IQ", 23), ("IS", 26), ("IT", 27),
+    ("JO", 30), ("KW", 30), ("KZ", 20), ("LB", 28), ("LC", 32), ("LI", 21), ("LT", 20), ("LU", 20), ("LV", 21), ("LY", 25),
+    ("MC", 27), ("MD", 24), ("ME", 22), ("MK", 19), ("MN", 20), ("MR", 27), ("MT", 31), ("MU", 30), ("NI", 28), ("NL", 18),
+    ("NO", 15), ("OM", 23), ("PK", 24), ("PL", 28), ("PS", 29), ("PT", 25), ("QA", 29), ("RO", 24), ("RS", 22), ("RU", 33),
+    ("SA", 24), ("SC", 31), ("SD", 18), ("SE", 24), ("SI", 19), ("SK", 24), ("SM", 27), ("SO", 23), ("ST", 25), ("SV", 28),
+    ("TL", 23), ("TN", 24), ("TR", 26), ("UA", 29), ("VA", 22), ("VG", 24), ("XK", 20),
+];
+
+/// The byte length of the IBAN `s` starts with (its country's length of letters and digits,
+/// single spaces between groups allowed), when the country is registered, the characters after
+/// it do not continue a group, and the mod-97 check holds.
+fn iban(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    let want = IBAN_LENGTHS.iter().find(|(c, _)| Some(c.as_bytes()) == b.get(..2)).map(|&(_, n)| n)?;
+    let mut chars = Vec::with_capacity(want);
+    let mut end = 0;
+    for (i, &c) in b.iter().enumerate() {
+        if chars.len() == want {
+            break;
+        }
+        if c == b' ' {
+            continue;
+        }
+        chars.push(c);
+        end = i + 1;
+    }
+    // The IBAN must end where a group ends: not inside a run of letters and digits.
+    if chars.len() != want || b.get(end).is_some_and(|c| c.is_ascii_alphanumeric()) {
+        return None;
+    }
+    // Check digits: the first four characters moved to the end, letters as 10..35, mod 97 == 1.
+    let mut rem = 0u32;
+    for &c in chars[4..].iter().chain(&chars[..4]) {
+        rem = match c {
+            b'0'..=b'9' => (rem * 10 + (c - b'0') as u32) % 97,
+            b'A'..=b'Z' => (rem * 100 + (c - b'A' + 10) as u32) % 97,
+            _ => return None,
+        };
+    }
+    (rem == 1).then_some(end)
 }
 
 fn issuer_prefix(d: &[u8]) -> bool {

@@ -631,6 +631,12 @@ fn check_offsets<O: Offset>(offsets: &[O], len: usize) -> Result<Vec<usize>> {
     if offsets.is_empty() {
         return Err(Error::invalid("offsets", "offsets need n + 1 entries (at least one, 0 for no strings)"));
     }
+    if offsets.len() == 1 {
+        // No strings: the one offset addresses nothing. An empty slice of a larger array (or
+        // an empty chunk after a filter) keeps its position in data it no longer carries.
+        offsets[0].position().ok_or_else(|| Error::invalid("offsets", format!("offset 0 is negative ({})", offsets[0])))?;
+        return Ok(vec![0]);
+    }
     let mut out = Vec::with_capacity(offsets.len());
     let mut prev = 0usize;
     for (k, &o) in offsets.iter().enumerate() {

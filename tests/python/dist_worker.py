@@ -109,6 +109,18 @@ def check_all(store: DistStore) -> dict:
             errors[what] = None
         except Exception as e:  # noqa: BLE001
             errors[what] = type(e).__name__
+    # Zero ids are valid on every transport, whatever the empty array's dtype.
+    for empty in ([], np.empty(0), np.empty((0,), np.int64), np.empty(0, np.uint32)):
+        z = np.empty((0, 6), np.float32)
+        assert store.get_batch("feat", z, empty) is z
+        assert store.get_batch("lab", np.empty((0, 1), np.int64), empty).shape == (0, 1)
+        assert len(store.get_batch("tok", None, empty)) == 0
+    store.get("feat", np.empty((0, 6), np.float32), first_of(store.size - 1))
+    try:
+        store.get_batch("feat", np.empty((0, 5), np.float32), [])
+        errors["empty_width"] = None
+    except Exception as e:  # noqa: BLE001
+        errors["empty_width"] = type(e).__name__
     # Ragged store-backed shards come back packed.
     rb = store.get_batch("tok", None, ids[:50])
     recs = [np.from_dlpack(t).tolist() for t in rb.to_tensors()]

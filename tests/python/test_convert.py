@@ -146,6 +146,67 @@ def test_images_resized_chw_dense_and_jpeg_close_to_pillow(tmp_path):
     assert got["img"].dtype == np.uint8
 
 
+def _pillow_sources(rng):
+    """PNG images of every pixel format Pillow writes: L, LA, RGB, RGBA, palette (with and
+    without transparency) and 16-bit grey (values above 255 included), as (name, bytes)."""
+    h, w = 7, 5
+    rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    out = [
+        ("L", png_bytes(rng.integers(0, 256, (h, w), dtype=np.uint8))),
+        ("LA", png_bytes(rng.integers(0, 256, (h, w, 2), dtype=np.uint8))),
+        ("RGB", png_bytes(rgb)),
+        ("RGBA", png_bytes(rng.integers(0, 256, (h, w, 4), dtype=np.uint8))),
+        # Saturated primaries and greys, where Rec.709 and ITU-R 601-2 differ most.
+        ("RGB-primaries", png_bytes(np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255], [200, 30, 90], [17, 240, 3]]] * 3, dtype=np.uint8))),
+    ]
+    pal = PIL.fromarray(rgb).quantize(colors=16)
+    buf = io.BytesIO()
+    pal.save(buf, format="PNG")
+    out.append(("P", buf.getvalue()))
+    buf = io.BytesIO()
+    pal.save(buf, format="PNG", transparency=3)
+    out.append(("P-transparent", buf.getvalue()))
+    grey16 = PIL.fromarray(rng.integers(0, 1024, (h, w), dtype=np.uint16))
+    buf = io.BytesIO()
+    grey16.save(buf, format="PNG")
+    out.append(("I;16", buf.getvalue()))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["L", "LA", "RGB", "RGBA"])
+def test_image_mode_equals_pillow_convert_for_png(tmp_path, mode):
+    sources = _pillow_sources(np.random.default_rng(7))
+    ds = Dataset.from_dict(
+        {"img": [{"bytes": b, "path": None} for _, b in sources]},
+        features=Features({"img": Image()}),
+    )
+    zrecord.convert(ds, tmp_path / "r", decode_images="HWC", image_mode=mode, progress=False)
+    _, got = read_root(tmp_path / "r")
+    for (name, b), rec in zip(sources, got["img"]):
+        ref = np.asarray(PIL.open(io.BytesIO(b)).convert(mode))
+        ref = ref.reshape(ref.shape[0], ref.shape[1], -1)
+        assert rec.shape == ref.shape, (name, mode)
+        np.testing.assert_array_equal(rec, ref, err_msg=f"{name} -> {mode}")
+    # Grey is ITU-R 601-2 (Pillow), not Rec.709: pure red is 76, not 54.
+    if mode == "L":
+        assert got["img"][4][0, 0, 0] == 76
+
+
+def test_image_mode_jpeg_within_stated_tolerance_of_pillow(tmp_path):
+    rng = np.random.default_rng(3)
+    smooth = [np.clip(np.add.outer(np.arange(24), np.arange(16))[..., None] * 5 + k * 11 + np.array([0, 60, 120]), 0, 255).astype(np.uint8) for k in range(4)]
+    smooth.append(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    jpgs = [png_bytes(a, "JPEG", quality=90) for a in smooth]
+    ds = Dataset.from_dict({"img": [{"bytes": b, "path": None} for b in jpgs]}, features=Features({"img": Image()}))
+    for mode in ("L", "RGB"):
+        zrecord.convert(ds, tmp_path / mode, decode_images="HWC", image_mode=mode, progress=False)
+        _, got = read_root(tmp_path / mode)
+        for b, rec in zip(jpgs, got["img"]):
+            ref = np.asarray(PIL.open(io.BytesIO(b)).convert(mode)).reshape(rec.shape)
+            # The documented tolerance: two JPEG decoders (chroma upsampling, IDCT rounding).
+            assert np.abs(rec.astype(int) - ref.astype(int)).max() <= 4, mode
+
+
 def test_type_rules_and_errors_name_the_column_and_feature(tmp_path):
     ds = make_hf(5)
     with pytest.raises(ValueError, match=r"column 'img' \(HF feature Image\).*decode_images"):

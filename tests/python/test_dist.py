@@ -54,7 +54,7 @@ def test_ranks_on_one_host(tmp_path, size, transport):
     for r in results:
         n = r["n"]
         assert n == sum(k + 3 for k in range(size))
-        assert r["errors"] == {"span": "ValueError", "oob": "IndexError", "neg": "IndexError", "rows": "ValueError", "width": "ValueError", "dtype": "TypeError", "name": "ValueError"}
+        assert r["errors"] == {"span": "ValueError", "oob": "IndexError", "neg": "IndexError", "rows": "ValueError", "width": "ValueError", "dtype": "TypeError", "name": "ValueError", "empty_width": "ValueError"}
         if transport == "flight":
             assert r["requests"] > 0
         else:
@@ -149,7 +149,7 @@ def test_ranks_under_mpiexec(tmp_path, size, transport):
     for r in lines:
         assert "error" not in r, r
         assert r["n"] == sum(k + 3 for k in range(size))
-        assert r["errors"] == {"span": "ValueError", "oob": "IndexError", "neg": "IndexError", "rows": "ValueError", "width": "ValueError", "dtype": "TypeError", "name": "ValueError"}
+        assert r["errors"] == {"span": "ValueError", "oob": "IndexError", "neg": "IndexError", "rows": "ValueError", "width": "ValueError", "dtype": "TypeError", "name": "ValueError", "empty_width": "ValueError"}
         # Array variables read through RMA windows; the store-backed one ("tok") cannot.
         assert r["mpi_windows"] == (["feat", "lab", "raw", "w"] if transport == "mpi" else []), r["mpi_windows"]
         # get_profile counts reads of either path: RMA epochs on other ranks are its requests

@@ -144,3 +144,22 @@ def test_closed_store_invalidates_views(dense, alloc):
         v2 = s2.bind(alloc)
     with pytest.raises(ValueError):
         v2[0]
+
+
+@pytest.mark.parametrize("bad", ["000-a\x00x", "\x00", "000-a\n", "sub/\x1f"])
+def test_dataset_json_with_unnameable_stream_path_is_corrupt_naming_the_field(tmp_path, bad):
+    import json
+
+    import pyarrow as pa
+
+    root = tmp_path / "root"
+    zrecord.write_dataset(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), root, progress=False)
+    meta = json.loads((root / "dataset.json").read_text())
+    meta["streams"][1]["path"] = bad
+    (root / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(zrecord.CorruptStoreError, match=r"stream 'b': field 'path'.*(NUL byte|control character)"):
+        zrecord.Dataset(root)
+    # The adapters' root-or-store test and SQL registration report the same.
+    ctx = zrecord.SessionContext()
+    with pytest.raises(zrecord.CorruptStoreError, match="field 'path'"):
+        ctx.register("t", root)

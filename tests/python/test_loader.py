@@ -215,3 +215,47 @@ def test_arrow_stream(streams):
     pl = pytest.importorskip("polars")
     df = pl.from_arrow(pa.table(zrecord.ArrowLoader(streams, Sampler(N, 12, "iid"), steps=2)))
     assert df.height == 24
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_strings_stay_strings_through_the_loader(tmp_path, workers):
+    """utf8 and binary streams: the Loader's batches, view gathers and SourceViews all export
+    as Arrow strings / binary (as views, to_arrow and SQL do) and give str / bytes records."""
+    import pyarrow as pa
+
+    texts = [f"é{i}" * (i % 5) for i in range(N)]  # empty strings included
+    blobs = [bytes([i % 256]) * (i % 3 + 1) for i in range(N)]
+    zrecord.write_dataset(pa.table({"k": np.arange(N), "s": texts, "b": pa.array(blobs, pa.binary())}), tmp_path / "root", allow_empty=True, progress=False)
+    ds = zrecord.Dataset(tmp_path / "root")
+    views = ds.bind(zrecord.Allocator())
+    with Loader({name: [v] for name, v in views.items()}, Sampler(N, 16, "cyclic", seed=2), workers=workers) as loader:
+        for _ in range(3):
+            (batch,) = next(loader)
+            ks = np.from_dlpack(batch["k"]).tolist()
+            s, b = batch["s"], batch["b"]
+            assert (s.logical, b.logical) == ("utf8", "binary")
+            assert s.to_pylist() == [texts[k] for k in ks]
+            assert b.to_pylist() == [blobs[k] for k in ks]
+            arr = pa.array(s)
+            assert arr.type == pa.string_view() and arr.to_pylist() == [texts[k] for k in ks]
+            assert pa.array(b).type == pa.binary() and pa.array(b).to_pylist() == [blobs[k] for k in ks]
+    ids = [7, 0, 7, N - 1]
+    for got in (views["s"].gather(np.array(ids, np.uint64)), views["s"][ids]):
+        assert got.logical == "utf8" and pa.array(got).to_pylist() == [texts[i] for i in ids]
+        assert "logical=utf8" in repr(got)
+    store = zrecord.open(tmp_path / "root" / "001-s")
+    rv = store.bind(zrecord.Allocator())
+    assert rv[ids].to_pylist() == [texts[i] for i in ids]
+    assert pa.array(zrecord.SourceView(store)[ids]).type == pa.string_view()
+    # Tensor batches: to_pylist gives one array per record; from fields, the logical type is
+    # whatever the caller declares, checked against the values.
+    t = zrecord.RaggedBatch.from_records([np.arange(3, dtype=np.int32), np.arange(1, dtype=np.int32)])
+    assert t.logical == "tensor" and [x.tolist() for x in t.to_pylist()] == [[0, 1, 2], [0]]
+    raw = np.frombuffer(b"abcde", np.uint8)
+    fb = zrecord.RaggedBatch(raw, np.array([0, 2, 5], np.int32), np.array([[2], [3]], np.uint64), logical="utf8")
+    assert fb.to_pylist() == ["ab", "cde"] and pa.array(fb).type == pa.string_view()
+    with pytest.raises(ValueError, match="uint8"):
+        zrecord.RaggedBatch(np.arange(3, dtype=np.int32), np.array([0, 3], np.int32), np.array([[3]], np.uint64), logical="utf8")
+    bad = zrecord.RaggedBatch(np.frombuffer(b"\xff\xfe", np.uint8), np.array([0, 2], np.int32), np.array([[2]], np.uint64), logical="utf8")
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        bad.to_pylist()

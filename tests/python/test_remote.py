@@ -304,3 +304,103 @@ def test_http_permanent_errors_are_typed(http_store):
         d.gather(list(range(N)))
     with pytest.raises(ValueError, match="scheme"):
         zrecord.open("ftp://host/x")
+
+
+def test_http_missing_data_object_is_file_not_found(tmp_path):
+    """A store whose manifest lists a data object the server does not have: FileNotFoundError
+    naming the object and the 404 (the documented rule for a missing object), at open."""
+    write_ragged(tmp_path / "srv" / "r", codec="zstd")
+    data = sorted(p.name for p in (tmp_path / "srv" / "r").iterdir() if p.name.startswith("data"))
+    (tmp_path / "srv" / "r" / data[-1]).unlink()
+    srv = RangeServer(tmp_path / "srv")
+    try:
+        with pytest.raises(FileNotFoundError, match=rf"/r/{data[-1]}.*404"):
+            zrecord.open(f"{srv.url}/r")
+    finally:
+        srv.close()
+
+
+def _read_pickled(blob, ids):
+    """In a spawned process (no credentials in its environment): unpickle a view and read."""
+    import pickle
+
+    view = pickle.loads(blob)
+    return np.from_dlpack(view.gather(np.asarray(ids, np.uint64))).tolist()
+
+
+def _open_pickled(blob):
+    """In a spawned process: unpickle a dataset root and read a record, or say what was raised."""
+    import pickle
+
+    try:
+        ds = pickle.loads(blob)
+        return ("ok", np.from_dlpack(ds.view("k", zrecord.Allocator()).gather(np.array([3], np.uint64))).tolist())
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
+
+
+def test_adapters_take_urls(s3, bucket):
+    pa = pytest.importorskip("pyarrow")
+    root = f"s3://{bucket}/adapters/root"
+    store = f"s3://{bucket}/adapters/store"
+    table = pa.table({"k": np.arange(50, dtype=np.int64), "t": [f"w{i}" for i in range(50)]})
+    zrecord.write_dataset(table, root, progress=False)
+    write_dense(store)
+    import zrecord.grain as zg
+
+    src = zg.DataSource(root)
+    assert len(src) == 50 and src[7] == {"k": 7, "t": "w7"}
+    assert [r["k"] for r in src.__getitems__([49, 0])] == [49, 0]
+    dense = zg.DataSource(store + "/")
+    np.testing.assert_array_equal(dense[3], dense_data()[3])
+    torch = pytest.importorskip("torch")
+    import zrecord.torch as zt
+
+    ds = zt.Dataset(root)
+    assert ds[4] == {"k": torch.tensor(4), "t": "w4"}
+    assert ds.gather([9, 2])["t"] == ["w9", "w2"]
+    assert torch.equal(zt.Dataset(store).gather([5, 1]), torch.from_numpy(dense_data()[[5, 1]]))
+    it = zt.IterableDataset(root, batch_size=8, mode="cyclic", seed=3, rank=0, world_size=1)
+    assert sorted(i for b in it for i in b["k"].tolist()) == list(range(50))
+    with pytest.raises(FileNotFoundError):
+        zt.Dataset(f"s3://{bucket}/adapters/nothing")
+
+
+def test_storage_options_travel_with_pickles_to_spawned_workers(s3, bucket, monkeypatch):
+    import multiprocessing as mp
+    import pickle
+
+    pa = pytest.importorskip("pyarrow")
+    url = f"s3://{bucket}/travel"
+    table = pa.table({"k": np.arange(64, dtype=np.int64), "t": [f"x{i}" for i in range(64)]})
+    zrecord.write_dataset(table, url, progress=False)
+    # From here on no credentials in the environment (spawned processes inherit it), and the
+    # instance-metadata endpoint a credential-less client would ask is a closed loopback port.
+    for k in s3.env:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+    secret = "s3cr3t-travel-7f3a"
+    opts = {"aws_endpoint": s3.endpoint, "aws_access_key_id": "AKIDTRAVEL", "aws_secret_access_key": secret, "aws_region": "us-east-1", "allow_http": "true", "zrecord_max_retries": "0"}
+    zrecord.set_storage_options(url, opts)
+    view = zrecord.open(f"{url}/000-k").bind(zrecord.Allocator())
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_read_pickled, (pickle.dumps(view), [5, 1, 63])) == [5, 1, 63]
+        assert pool.apply(_open_pickled, (pickle.dumps(zrecord.Dataset(url)),)) == ("ok", [3])
+    torch = pytest.importorskip("torch")
+    import zrecord.torch as zt
+
+    for dl in (
+        zt.Dataset(url).dataloader(batch_size=16, num_workers=2, multiprocessing_context="spawn"),
+        torch.utils.data.DataLoader(zt.IterableDataset(url, batch_size=8, mode="sequential", rank=0, world_size=1), batch_size=None, num_workers=2, multiprocessing_context="spawn"),
+    ):
+        seen = sorted(i for b in dl for i in b["k"].tolist())
+        assert seen == list(range(64))
+    # Secrets kept out of pickles: the other process has no credentials, and says so.
+    zrecord.set_storage_options(url, opts, pickle_secrets=False)
+    blob = pickle.dumps(zrecord.Dataset(url))
+    assert secret.encode() not in blob and b"AKIDTRAVEL" not in blob
+    assert s3.endpoint.encode() in blob
+    with mp.get_context("spawn").Pool(1) as pool:
+        kind, msg = pool.apply(_open_pickled, (blob,))
+    assert kind == "PermissionError", (kind, msg)
+    assert "no credentials" in msg and "AWS_ACCESS_KEY_ID" in msg, msg

@@ -138,6 +138,48 @@ def test_empty_records_need_allow_empty(tmp_path):
         zrecord.RaggedWriter(tmp_path / "bad", np.int32, 1, "raw", logical="utf8")
 
 
+def test_allow_empty_applies_to_ragged_columns_of_mixed_tables(tmp_path):
+    """allow_empty is about ragged records: every writer of Arrow-shaped data (write_dataset,
+    convert, DatasetWriter, COPY) accepts it next to dense columns, empty records come back
+    empty, and the dense columns are unaffected."""
+    table = pa.table({
+        "k": pa.array([1, 2, 3], pa.int64()),
+        "v": pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32(), 2)),
+        "t": ["a", "", "ccc"],
+        "r": pa.array([[1], [], [2, 3]], pa.list_(pa.int32())),
+    })
+
+    def check(root):
+        got = zrecord.SessionContext()
+        got.register("x", root)
+        back = got.sql("SELECT k, v, t, r FROM x ORDER BY _id").to_arrow()
+        assert back.column("k").to_pylist() == [1, 2, 3]
+        assert back.column("v").to_pylist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+        assert back.column("t").to_pylist() == ["a", "", "ccc"]
+        assert back.column("r").to_pylist() == [[1], [], [2, 3]]
+
+    assert zrecord.write_dataset(table, tmp_path / "w", allow_empty=True, progress=False) == 3
+    check(tmp_path / "w")
+    zrecord.convert(table, tmp_path / "c", allow_empty=True, progress=False)
+    check(tmp_path / "c")
+    with zrecord.DatasetWriter(tmp_path / "d", codec="zstd", allow_empty=True) as w:
+        w.write(table)
+    check(tmp_path / "d")
+    # Without the flag the empty record is refused, naming the column and row.
+    with pytest.raises(ValueError, match=r"column 't' row 1 is empty.*allow_empty"):
+        zrecord.write_dataset(table, tmp_path / "strict", progress=False)
+    assert not (tmp_path / "strict").exists()
+    # COPY takes the same option (the error above tells SQL users to use it).
+    ctx = zrecord.SessionContext()
+    ctx.register_arrow("src", table)
+    with pytest.raises(ValueError, match="allow_empty"):
+        ctx.sql(f"COPY (SELECT * FROM src) TO '{tmp_path / 'q0'}' STORED AS ZRECORD").to_arrow()
+    ctx.sql(f"COPY (SELECT * FROM src) TO '{tmp_path / 'q'}' STORED AS ZRECORD OPTIONS (allow_empty 'true', codec 'zstd')").to_arrow()
+    check(tmp_path / "q")
+    with pytest.raises(ValueError, match="allow_empty.*not a boolean"):
+        ctx.sql(f"COPY (SELECT * FROM src) TO '{tmp_path / 'q2'}' STORED AS ZRECORD OPTIONS (allow_empty 'maybe')").to_arrow()
+
+
 def test_dataset_writer_streams_batches_and_publishes_atomically(tmp_path):
     schema = pa.schema([("x", pa.int64()), ("s", pa.string())])
     batches = [pa.record_batch([pa.array(range(i * 4, i * 4 + 4)), pa.array([f"r{j}" for j in range(i * 4, i * 4 + 4)])], schema=schema) for i in range(5)]

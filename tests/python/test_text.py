@@ -52,6 +52,23 @@ def test_from_arrow_every_string_type_keeps_values_and_nulls(typ):
     assert StringTensor(pl.Series(data, dtype=pl.String)).to_list() == data
 
 
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()])
+def test_from_empty_slices_and_empty_chunks_at_any_offset(typ):
+    arr = pa.array(["é" * 70, "b", None, "", "tail"], type=typ)
+    for k in range(len(arr) + 1):
+        assert StringTensor(arr.slice(k, 0)).to_list() == []
+        assert StringTensor(arr.slice(k)).to_list() == arr.to_pylist()[k:]
+    # A filter that keeps nothing of one chunk leaves an empty chunk whose offsets start deep
+    # inside the data; chunked arrays mixing it with full ones keep every other row.
+    ch = pa.chunked_array([arr.slice(0, 2), arr.slice(2, 0), arr.slice(4, 0), arr.slice(2, 3)], type=typ)
+    t = StringTensor(ch)
+    assert t.to_list() == arr.to_pylist()[:2] + arr.to_pylist()[2:5]
+    assert t.null_count == 1
+    assert StringTensor(pa.chunked_array([arr.slice(3, 0)], type=typ)).to_list() == []
+    filtered = pa.chunked_array([arr, arr]).filter(pa.chunked_array([[False] * 5, [False, False, False, False, True]]))
+    assert StringTensor(filtered).to_list() == ["tail"]
+
+
 def test_from_arrow_dictionary_and_bad_types():
     d = pa.array(["a", "b", "a", None]).dictionary_encode()
     t = StringTensor(d)
@@ -360,6 +377,9 @@ PII_CASES = [
     ("key sk_live_4eC39HqLyjWDarjtT1zdp7dc", "key <API_KEY>"),
     ("aws AKIAIOSFODNN7EXAMPLE", "aws <API_KEY>"),
     ("plain words only", "plain words only"),
+    ("x = a[::2] + b[1::3]", "x = a[::2] + b[1::3]"),
+    ("key AKIAABCDEFGHIJKLMNOP only letters", "key <API_KEY> only letters"),
+    ("iban GB82 WEST 1234 5698 7654 32, bad GB82 WEST 1234 5698 7654 33", "iban <IBAN>, bad GB82 WEST 1234 5698 7654 33"),
 ]
 
 

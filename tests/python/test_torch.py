@@ -45,31 +45,33 @@ def test_map_dataset_items_and_batches(data):
     assert len(ds) == N
     assert torch.equal(ds[5], torch.from_numpy(img[5]))
     assert torch.equal(ds[-1], torch.from_numpy(img[-1]))
-    b = ds.__getitems__([7, 0, 7, 202])
+    b = ds.gather([7, 0, 7, 202])
     assert isinstance(b, torch.Tensor) and b.shape == (4, 2, 3)
     assert torch.equal(b, torch.from_numpy(img[[7, 0, 7, 202]]))
     with pytest.raises(IndexError):
         ds[N]
     with pytest.raises(IndexError):
         ds.__getitems__([0, N])
+    with pytest.raises(IndexError):
+        ds.gather([0, N])
 
     rg = ztorch.Dataset(root / "tok.zrec")
     assert torch.equal(rg[9], torch.from_numpy(tok[9]))
-    rb = rg.__getitems__([3, 11])
+    rb = rg.gather([3, 11])
     assert isinstance(rb, ztorch.Ragged) and len(rb) == 2
     assert torch.equal(rb.record(1), torch.from_numpy(tok[11]))
     assert rb.cu_seqlens.tolist() == [0, 4, 6]
 
     root_ds = ztorch.Dataset(root / "root")
     assert root_ds[4] == {"id": torch.tensor(4), "text": "r4"}
-    assert _ids_of(root_ds.__getitems__([9, 2])) == [9, 2]
+    assert _ids_of(root_ds.gather([9, 2])) == [9, 2]
 
 
 def test_map_dataset_batches_are_zero_copy(data):
     root, img, _ = data
     alloc = zrecord.Allocator()
     ds = ztorch.Dataset(zrecord.open(root / "img.zrec").bind(alloc))
-    t = ds.__getitems__([1, 2, 3])
+    t = ds.gather([1, 2, 3])
     # The tensor holds the pooled allocation itself (no copy): it is live until t is freed.
     assert alloc.stats()["live_bytes"] >= t.numel() * 4
     assert t.data_ptr() % 64 == 0 and t.is_contiguous()
@@ -80,6 +82,46 @@ def test_map_dataset_batches_are_zero_copy(data):
 
 def _double(b):
     return b * 2
+
+
+def test_getitems_is_a_list_of_samples_for_default_collate(data):
+    """torch's contract: __getitems__ returns what ds[i] gives, one per index, so a plain
+    DataLoader (default collate, no zrecord collate) works on every source; zrecord's collate
+    returns the one-gather batch instead of re-stacking."""
+    root, img, tok = data
+    ids = [5, 0, 5, 202, 17]
+    ds = ztorch.Dataset(root / "img.zrec")
+    items = ds.__getitems__(ids)
+    assert isinstance(items, list) and len(items) == len(ids)
+    for k, i in enumerate(ids):
+        assert torch.equal(items[k], ds[i])
+    assert ztorch.collate(items) is items.gathered
+    assert torch.equal(torch.utils.data.default_collate(items), torch.from_numpy(img[ids]))
+    dl = torch.utils.data.DataLoader(ds, batch_size=10)
+    got = torch.cat(list(dl))
+    assert torch.equal(got, torch.from_numpy(img))
+    # A dataset root: a dict per record, collated to a dict of a stacked tensor and strings.
+    root_ds = ztorch.Dataset(root / "root")
+    items = root_ds.__getitems__(ids)
+    assert items[1] == {"id": torch.tensor(0), "text": "r0"}
+    seen = []
+    for b in torch.utils.data.DataLoader(root_ds, batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(1)):
+        assert set(b) == {"id", "text"} and b["text"] == [f"r{i}" for i in b["id"].tolist()]
+        seen += b["id"].tolist()
+    assert sorted(seen) == list(range(N))
+    # Ragged records: one tensor of its own shape per record (stacking them is the caller's
+    # choice, as for any variable-length dataset).
+    rg = ztorch.Dataset(root / "tok.zrec")
+    items = rg.__getitems__([3, 11])
+    assert [t.tolist() for t in items] == [tok[3].tolist(), tok[11].tolist()]
+    assert isinstance(ztorch.collate(items), ztorch.Ragged)
+    # A per-record transform applies to each item; collate then stacks the transformed items.
+    tr = ztorch.Dataset(root / "img.zrec", transform=_double)
+    items = tr.__getitems__([1, 2])
+    assert items.gathered is None
+    assert torch.equal(ztorch.collate(items), torch.from_numpy(img[[1, 2]]) * 2)
+
+
 
 
 @pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
