@@ -400,8 +400,72 @@ impl datafusion::execution::context::QueryPlanner for LocalFirst {
                 use datafusion::physical_planner::PhysicalPlanner;
                 datafusion::physical_planner::DefaultPhysicalPlanner::default().create_physical_plan(plan, session).await
             }
-            _ => self.remote.create_physical_plan(plan, session).await,
+            LogicalPlan::Explain(_) | LogicalPlan::Analyze(_) => self.remote.create_physical_plan(plan, session).await,
+            _ => Ok(Arc::new(ClusterErrors { input: self.remote.create_physical_plan(plan, session).await? })),
         }
+    }
+}
+
+/// The client's side of a query on the cluster, its errors explained: Ballista reports a job the
+/// scheduler stopped as `Job ... failed: Cancelled`, which is what a zrecord scheduler does to
+/// every running query when it loses an executor (see [`run_scheduler`]).
+#[derive(Debug)]
+struct ClusterErrors {
+    input: Arc<dyn ExecutionPlan>,
+}
+
+impl datafusion::physical_plan::DisplayAs for ClusterErrors {
+    fn fmt_as(&self, _t: datafusion::physical_plan::DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ZrecordClusterErrors")
+    }
+}
+
+fn explain_cluster_error(e: datafusion::error::DataFusionError) -> datafusion::error::DataFusionError {
+    let full = e.to_string();
+    let text = full.strip_prefix("Execution error: ").unwrap_or(&full);
+    if text.trim_end().ends_with("failed: Cancelled") {
+        return datafusion::error::DataFusionError::Execution(format!(
+            "{text}: the scheduler stopped the query, because an executor of the cluster was lost while it ran (a zrecord cluster \
+             fails such queries rather than re-run stages, which could give wrong results; run the query again) or because it was cancelled"
+        ));
+    }
+    e
+}
+
+impl ExecutionPlan for ClusterErrors {
+    fn name(&self) -> &'static str {
+        "ZrecordClusterErrors"
+    }
+
+    fn properties(&self) -> &Arc<datafusion::physical_plan::PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordClusterErrors takes one input"))?;
+        Ok(Arc::new(ClusterErrors { input }))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<datafusion::execution::SendableRecordBatchStream> {
+        use futures::StreamExt;
+        let stream = self.input.execute(partition, context).map_err(explain_cluster_error)?;
+        let schema = stream.schema();
+        Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, stream.map(|r| r.map_err(explain_cluster_error)))))
     }
 }
 
