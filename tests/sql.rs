@@ -466,9 +466,9 @@ fn ballista_executor_loss_gives_the_exact_result_or_an_error() {
                 }
                 Ok(got) => assert_eq!(got, &want[k], "{} with a kill at {delay:?}: wrong rows\n{}", queries[k].0, cluster.logs()),
                 Err(e) => {
-                    // A failed stage says what failed (a fetch or a read from the dead
-                    // executor); the scheduler's cancellation after the loss says why.
-                    assert!(e.contains("failed"), "{e}");
+                    // Any error is an honest outcome (a failed fetch, a read of the final
+                    // results from the dead executor, ...); the scheduler's cancellation
+                    // after the loss also says why.
                     if e.contains("Cancelled") {
                         assert!(e.contains("an executor of the cluster was lost"), "{e}");
                     }
