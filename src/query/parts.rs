@@ -325,10 +325,7 @@ impl ExecutionPlan for ZrecordPartsExec {
         log::debug!("part writer for partition {partition} of {} starts at {key_source:?} {key_start}", self.properties.partitioning.partition_count());
         let streams = serde_json::to_string(&DatasetWriter::stream_entries(&self.columns)).map_err(|e| Error::invalid("plan", e.to_string()))?;
         let fut = async move {
-            // Registered before anything is written; dropped last (after the writer, whose drop
-            // removes its own staging), so a commit that waits for the run waits for this part.
             let run = CopyRun::join(target.token);
-            let _active = run.enter();
             let name = target.part_name();
             let dir = target.parts_dir()?;
             let dest = PartsTarget::join(&dir, &name);
@@ -481,15 +478,8 @@ impl ExecutionPlan for ZrecordCommitExec {
                 }
             }
             if let Some(e) = failed {
-                // Part writers of this process that are still unwinding (a stream dropped early)
-                // are waited for before their folder goes.
-                run.wait_idle().await;
-                let dir = target.parts_dir()?;
-                if target.remote() {
-                    cleanup_parts(&target, parts.iter().map(|p| p.entry.path.as_str()));
-                } else {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
+                // The input has ended, so every part writer of this process has finished.
+                cleanup(&target, &target.parts_dir()?, parts.iter().map(|p| p.entry.path.as_str()));
                 // The first failure wins over the cancellations (and I/O errors) it caused.
                 return Err(run.first_error().unwrap_or(e));
             }
@@ -590,14 +580,13 @@ impl From<arrow_schema::ArrowError> for Cancel {
 }
 
 /// What the part writers and the commit of one COPY share within a process (keyed by the
-/// COPY's token): the first failure, a cancel signal and a count of running part writers. On a
+/// COPY's token): the first failure and a cancel signal. On a
 /// Ballista cluster each process has its own, so part writers of one executor still cancel each
 /// other, and the commit sees the first error that reached it.
 struct CopyRun {
     token: u64,
     cancel: tokio::sync::watch::Sender<bool>,
     first: std::sync::Mutex<Option<Arc<datafusion::error::DataFusionError>>>,
-    active: tokio::sync::watch::Sender<usize>,
 }
 
 type Runs = std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<CopyRun>>>;
@@ -620,7 +609,6 @@ impl CopyRun {
             token,
             cancel: tokio::sync::watch::channel(false).0,
             first: std::sync::Mutex::new(None),
-            active: tokio::sync::watch::channel(0).0,
         });
         runs.insert(token, Arc::downgrade(&run));
         run
@@ -649,25 +637,5 @@ impl CopyRun {
 
     fn first_error(&self) -> Option<datafusion::error::DataFusionError> {
         self.first.lock().unwrap_or_else(|p| p.into_inner()).clone().map(datafusion::error::DataFusionError::Shared)
-    }
-
-    /// Count a running part writer until the guard drops.
-    fn enter(self: &Arc<CopyRun>) -> ActivePart {
-        self.active.send_modify(|n| *n += 1);
-        ActivePart(self.clone())
-    }
-
-    /// Wait until no part writer of this process is running.
-    async fn wait_idle(&self) {
-        let mut rx = self.active.subscribe();
-        let _ = rx.wait_for(|n| *n == 0).await;
-    }
-}
-
-struct ActivePart(Arc<CopyRun>);
-
-impl Drop for ActivePart {
-    fn drop(&mut self) {
-        self.0.active.send_modify(|n| *n -= 1);
     }
 }
