@@ -186,9 +186,19 @@ pub enum Error {
     /// An Arrow error (array construction, casts, IPC), kept whole.
     #[error("Arrow error: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
-    /// A DataFusion error (planning, execution), kept whole.
-    #[error("DataFusion error: {0}")]
-    DataFusion(Box<datafusion::error::DataFusionError>),
+    /// An error of another library (DataFusion planning or execution, an image decoder, a
+    /// tokenizer), kept whole: [`Error::root`] finds a zrecord error carried inside it.
+    #[error("{what} error: {source}")]
+    External {
+        /// Which library.
+        what: &'static str,
+        /// Its error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// A broken invariant of zrecord itself (a bug: please report it), never bad input.
+    #[error("internal error (a zrecord bug, please report it): {0}")]
+    Internal(String),
     /// A wait that ran out of time.
     #[error("timed out: {what}")]
     Timeout {
@@ -288,19 +298,24 @@ impl Error {
         Error::Context { context: context.into(), source: Box::new(self) }
     }
 
-    /// The innermost zrecord error: through [`Error::Context`] layers, and through DataFusion
-    /// / Arrow errors that carry a zrecord error.
+    /// An error of another library, kept whole.
+    pub fn external(what: &'static str, source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Error::External { what, source: source.into() }
+    }
+
+    /// The innermost zrecord error: through [`Error::Context`] layers, and through foreign
+    /// errors (DataFusion, Arrow) that carry a zrecord error somewhere in their source chain.
     pub fn root(&self) -> &Error {
         let mut cur = self;
         loop {
             match cur {
                 Error::Context { source, .. } => cur = source,
                 Error::Shared(inner) => cur = inner,
-                Error::DataFusion(d) => match zrecord_error_in(d) {
+                Error::External { source, .. } => match find_in(source.as_ref()) {
                     Some(inner) => cur = inner,
                     None => return cur,
                 },
-                Error::Arrow(arrow_schema::ArrowError::ExternalError(b)) => match b.downcast_ref::<Error>() {
+                Error::Arrow(a) => match find_in(a) {
                     Some(inner) => cur = inner,
                     None => return cur,
                 },
@@ -310,30 +325,21 @@ impl Error {
     }
 }
 
-/// The zrecord error inside a DataFusion error (through context, shared, diagnostic and
-/// Arrow external wrappers), if that is what it is.
-pub(crate) fn zrecord_error_in(e: &datafusion::error::DataFusionError) -> Option<&Error> {
-    use datafusion::error::DataFusionError;
-    let mut cur: &DataFusionError = e;
-    loop {
-        match cur {
-            DataFusionError::External(b) => return b.downcast_ref::<Error>(),
-            DataFusionError::Context(_, inner) => cur = inner,
-            DataFusionError::Shared(inner) => cur = inner,
-            DataFusionError::Diagnostic(_, inner) => cur = inner,
-            DataFusionError::ArrowError(a, _) => {
-                if let arrow_schema::ArrowError::ExternalError(b) = a.as_ref() {
-                    if let Some(d) = b.downcast_ref::<DataFusionError>() {
-                        cur = d;
-                        continue;
-                    }
-                    return b.downcast_ref::<Error>();
-                }
-                return None;
-            }
-            _ => return None,
+/// The first zrecord [`Error`] in `e`'s chain (`e` itself, then its sources), if any.
+pub fn find_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error> {
+    let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(e);
+    let mut hops = 0;
+    while let Some(c) = cur {
+        if let Some(z) = c.downcast_ref::<Error>() {
+            return Some(z);
         }
+        hops += 1;
+        if hops > 64 {
+            return None;
+        }
+        cur = c.source();
     }
+    None
 }
 
 /// `.context(...)` on results.
@@ -345,29 +351,6 @@ pub trait ResultExt<T> {
 impl<T> ResultExt<T> for Result<T> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|e| e.context(context()))
-    }
-}
-
-impl From<datafusion::error::DataFusionError> for Error {
-    /// A zrecord error that went through DataFusion comes back as itself.
-    fn from(e: datafusion::error::DataFusionError) -> Self {
-        match e {
-            datafusion::error::DataFusionError::External(b) => match b.downcast::<Error>() {
-                Ok(z) => *z,
-                Err(other) => Error::DataFusion(Box::new(datafusion::error::DataFusionError::External(other))),
-            },
-            other => Error::DataFusion(Box::new(other)),
-        }
-    }
-}
-
-impl From<Error> for datafusion::error::DataFusionError {
-    /// Kept whole (callers can downcast it back); a wrapped DataFusion error is unwrapped.
-    fn from(e: Error) -> Self {
-        match e {
-            Error::DataFusion(d) => *d,
-            other => datafusion::error::DataFusionError::External(Box::new(other)),
-        }
     }
 }
 
@@ -396,21 +379,17 @@ pub(crate) fn catch_panic<R>(what: &'static str, step: u64, f: impl FnOnce() -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::error::DataFusionError;
 
     #[test]
-    fn errors_cross_the_datafusion_and_arrow_boundaries_whole() {
-        let e = Error::corrupt("/x", "bad");
-        let d: DataFusionError = e.into();
-        let back: Error = d.into();
-        assert!(matches!(back, Error::Corrupt { .. }));
+    fn zrecord_errors_are_found_inside_foreign_ones() {
         let a: arrow_schema::ArrowError = Error::OutOfMemory { bytes: 5 }.into();
         let wrapped = Error::Arrow(a);
         assert!(matches!(wrapped.root(), Error::OutOfMemory { bytes: 5 }));
-        let plain: Error = DataFusionError::Plan("no".into()).into();
-        assert!(matches!(plain, Error::DataFusion(_)));
-        let d2: DataFusionError = plain.into();
-        assert!(matches!(d2, DataFusionError::Plan(_)));
+        let ext = Error::external("test", arrow_schema::ArrowError::from(Error::corrupt("/x", "bad")));
+        assert!(ext.root().is_corruption() && ext.is_corruption());
+        let plain = Error::external("test", std::io::Error::other("no"));
+        assert!(std::ptr::eq(plain.root(), &plain));
+        assert_eq!(plain.to_string(), "test error: no");
         let c = Error::corrupt("/y", "z").context("opening y");
         assert!(c.is_corruption());
         assert_eq!(c.to_string(), "opening y: corrupt store file '/y': z");

@@ -4,11 +4,14 @@
 //! pooled memory that leaves as DLPack tensors or Arrow arrays.
 //!
 //! Layers (each depends only on those below): [`dtype`] and [`error`]; [`memory`] (allocator,
-//! tensors, DLPack); [`store`] (the container: format, codecs, byte sources, writers, readers,
-//! gather, the [`store::RecordSource`] contract, datasets, the shared publish step);
+//! tensors, DLPack); [`io`] (the one door to bytes: paths and URLs, local files, object stores,
+//! atomic publish); [`store`] (the container: format, codecs, writers, readers, gather, the
+//! [`store::RecordSource`] contract, datasets, staging);
 //! [`arrow`] (Arrow-native tensor types, the dataset [`arrow::Scanner`] and writer);
 //! [`loader`] (sampler and loader over record sources); [`query`] (DataFusion: tables,
-//! COPY TO, gather / loader table functions).
+//! COPY TO, gather / loader table functions; feature `sql`). Siblings of `store`: `zarr`,
+//! `text` and `dist` (features of the same names). `--no-default-features` builds the core:
+//! dtype, error, memory, io (local files), store, arrow, loader, convert.
 #![warn(missing_docs)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -19,15 +22,20 @@ compile_error!("zrecord supports little-endian targets only");
 
 pub mod arrow;
 pub mod convert;
+#[cfg(feature = "dist")]
 pub mod dist;
 pub mod dtype;
-pub mod loader;
 pub mod error;
+pub mod io;
+pub mod loader;
 pub mod memory;
+#[cfg(feature = "sql")]
 pub mod query;
 pub mod sample;
 pub mod store;
+#[cfg(feature = "text")]
 pub mod text;
+#[cfg(feature = "zarr")]
 pub mod zarr;
 #[cfg(feature = "python")]
 mod python;

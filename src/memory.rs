@@ -7,5 +7,7 @@ mod pool;
 mod tensor;
 
 pub use pool::{Allocation, Allocator, AllocatorStats, DEFAULT_POOL_SIZE_BYTES};
-pub(crate) use tensor::{numel, RaggedLayout};
+#[cfg(any(feature = "dist", feature = "zarr"))]
+pub(crate) use tensor::numel;
+pub(crate) use tensor::RaggedLayout;
 pub use tensor::{PackedRagged, RaggedBatch, RaggedInput, Tensor, TensorView, ValidRagged};

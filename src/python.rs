@@ -27,7 +27,7 @@ impl<'py> pyo3::IntoPyObject<'py> for PyPath {
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if crate::store::object::is_url(&self.0) {
+        if crate::io::is_url(&self.0) {
             Ok(pyo3::types::PyString::new(py, &self.0.to_string_lossy()).into_any())
         } else {
             Ok(self.0.into_pyobject(py)?.into_any())

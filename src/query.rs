@@ -74,15 +74,21 @@ pub mod dataset {
     pub use crate::arrow::DatasetWriter;
     pub use crate::store::dataset::*;
 }
+#[cfg(feature = "ballista")]
 pub mod ballista;
 pub mod cache;
+mod errors;
 pub(crate) mod functions;
 pub mod ids;
 mod parts;
 mod prepared;
 mod rules;
 mod sink;
+#[cfg(feature = "text")]
+pub(crate) mod text;
 pub(crate) mod table;
+#[cfg(feature = "zarr")]
+pub mod zarr;
 
 use std::sync::Arc;
 
@@ -111,7 +117,7 @@ pub fn df_err(e: crate::Error) -> DataFusionError {
 
 /// The zrecord error inside a DataFusion error, if that is what it is.
 pub fn zrecord_error(e: &DataFusionError) -> Option<&crate::Error> {
-    crate::error::zrecord_error_in(e)
+    errors::zrecord_error_in(e)
 }
 
 /// Add zrecord's table factory, file format and table functions to a context.
@@ -127,8 +133,10 @@ pub fn register_zrecord_extension(ctx: &SessionContext) -> datafusion::error::Re
     ctx.register_udtf("gather", Arc::new(GatherFunction));
     ctx.register_udtf("zrecord_info", Arc::new(InfoFunction));
     ctx.register_udtf("loader", Arc::new(LoaderFunction));
-    ctx.register_udtf("zarr_crops", Arc::new(crate::zarr::sql::ZarrCropsFunction));
-    for f in crate::text::udf::text_udfs() {
+    #[cfg(feature = "zarr")]
+    ctx.register_udtf("zarr_crops", Arc::new(zarr::ZarrCropsFunction));
+    #[cfg(feature = "text")]
+    for f in text::text_udfs() {
         ctx.register_udf(f);
     }
     Ok(())
@@ -145,13 +153,13 @@ struct UrlTables {
 impl UrlTableFactory for UrlTables {
     async fn try_new(&self, url: &str) -> datafusion::error::Result<Option<Arc<dyn TableProvider>>> {
         let p = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
-        if crate::store::object::is_url(p) {
+        if crate::io::is_url(p) {
             // A store or dataset root on an object store opens as a zrecord table; any other
             // object (Parquet, CSV, ...) goes to DataFusion's file tables through the same
             // connected object store, registered for its bucket.
             let owned = url.to_string();
             let found = tokio::task::spawn_blocking(move || -> crate::Result<Option<ZrecordTable>> {
-                let remote = crate::store::object::connect(owned.trim_end_matches('/'))?;
+                let remote = crate::io::resolve(&owned, crate::io::ReadMode::Mmap)?;
                 if remote.exists(crate::store::format::MANIFEST)? || remote.exists(dataset::DATASET_FILE)? {
                     return Ok(Some(ZrecordTable::open(&owned)?));
                 }
@@ -162,8 +170,9 @@ impl UrlTableFactory for UrlTables {
             if let Some(t) = found {
                 return Ok(Some(Arc::new(t)));
             }
+            #[cfg(feature = "remote")]
             if let Some(session) = self.files.session_store().get_session().upgrade() {
-                if let Ok((root, store)) = crate::store::object::object_store_for(url) {
+                if let Ok((root, store)) = crate::io::object::object_store_for(url) {
                     if let Ok(u) = url::Url::parse(&root) {
                         session.read().runtime_env().register_object_store(&u, store);
                     }

@@ -5,7 +5,6 @@
 //! views bound to an [`crate::memory::Allocator`] gather records into pooled memory.
 //! The on-disk format is specified in [`format`].
 
-pub mod bytes;
 /// `RecordSource` for a store type and `From<view>` for `SourceView`: the two store kinds
 /// differ only in their layout and gather function.
 macro_rules! store_source {
@@ -59,13 +58,11 @@ mod crew;
 pub mod dataset;
 mod dense;
 pub mod format;
-pub mod object;
 mod gather;
 mod ragged;
 pub mod publish;
 pub(crate) mod reader;
 pub mod selection;
-pub(crate) mod sigbus;
 mod source;
 mod writer;
 
@@ -78,7 +75,7 @@ pub use dense::{DenseStore, DenseView, DenseWriter};
 pub use format::{Kind, Logical};
 pub use gather::Ids;
 pub use ragged::{RaggedStore, RaggedView, RaggedWriter};
-pub use bytes::{ByteSource, Hint, Location, LocalFolder, ReadMode};
+pub use crate::io::{ByteSource, Hint, LocalFolder, Location, ReadMode};
 pub use publish::Staging;
 pub use dataset::{Dataset, Stream};
 pub use selection::{ChunkIds, Chunks, IdSet, Selection};
@@ -154,11 +151,7 @@ impl From<RaggedStore> for Store {
 
 /// Whether a published store (a `manifest.json`) is at `path`: a folder or an object-store URL.
 pub fn is_store(path: &Path) -> Result<bool> {
-    if object::is_url(path) {
-        let url = path.to_str().unwrap_or_default().trim_end_matches('/');
-        return object::connect(url)?.exists(format::MANIFEST);
-    }
-    Ok(object::local_path(path).join(format::MANIFEST).exists())
+    crate::io::resolve(path, ReadMode::Mmap)?.exists(format::MANIFEST)
 }
 
 impl Store {

@@ -10,7 +10,7 @@
 //! string (or drop it); [`TextPipeline`] runs any sequence of them in one fused pass per row,
 //! reusing the input's views for rows a stage leaves unchanged. The same stages are DataFusion
 //! scalar functions (`text_clean`, `text_quality`, `pii_mask`, `text_hash`), registered by
-//! [`crate::query::register_zrecord_extension`].
+//! `query::register_zrecord_extension` (feature `sql`).
 //!
 //! ```
 //! use zrecord::text::{Cleaner, PiiMasker, StringTensor, TextPipeline, Stage};
@@ -30,7 +30,6 @@ mod pipeline;
 mod quality;
 mod tensor;
 mod tokenize;
-pub(crate) mod udf;
 
 pub use clean::Cleaner;
 pub use dedup::ExactDedup;

@@ -24,9 +24,7 @@ pub mod exec;
 pub mod meta;
 pub mod pipeline;
 pub mod query;
-pub mod remote;
 pub mod source;
-pub mod sql;
 
 pub use exec::{Assembler, CacheLimits, Limits, Stats};
 pub use meta::ArrayMeta;

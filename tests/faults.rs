@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use zrecord::prelude::*;
-use zrecord::store::publish::{leftovers, remove_leftovers};
+use zrecord::io::publish::{leftovers, remove_leftovers};
 
 const PAGE: usize = 4096;
 

@@ -191,7 +191,7 @@ fn ballista(role: BallistaRole) -> Result<()> {
     if log::set_logger(Box::leak(Box::new(StderrLog(level)))).is_ok() {
         log::set_max_level(level);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().map_err(|e| Error::invalid("runtime", e.to_string()))?;
+    let rt = zrecord::io::runtime::build("zrec", None, Some(32 << 20))?;
     rt.block_on(async {
         match role {
             BallistaRole::Scheduler { bind, external_host } => {
@@ -523,7 +523,7 @@ struct SqlArgs {
 }
 
 fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize, args: SqlArgs) -> std::result::Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = zrecord::io::runtime::build("zrec", None, None).map_err(|e| e.to_string())?;
     rt.block_on(async {
         if args.partitions == Some(0) {
             return Err("--partitions must be at least 1".to_string());
@@ -638,7 +638,7 @@ fn count(r: datafusion::error::Result<Vec<datafusion::arrow::record_batch::Recor
 /// gathers through DataFusion next to direct view gathers.
 fn sql_demo(root: &std::path::Path, n: usize, alloc: &Allocator) -> Result<()> {
     let q = |e: datafusion::error::DataFusionError| Error::invalid("sql", e.to_string());
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::invalid("runtime", e.to_string()))?;
+    let rt = zrecord::io::runtime::build("zrec", None, None)?;
     let src = root.join("ragged-tokens-zstd");
     let sub = root.join("sql-subset");
     rt.block_on(async {
@@ -685,12 +685,14 @@ fn tmp_is(root: &std::path::Path) -> bool {
 /// `zrec gc URL`: data folders below the store (or the stores of a dataset root) at URL that
 /// no manifest names: uploads of writers that crashed or lost a race.
 fn gc_remote(url: &str, dry_run: bool) -> zrecord::Result<()> {
-    use zrecord::store::object;
-    let root = object::connect(url.trim_end_matches('/'))?;
-    let mut found = object::leftovers(&root, !dry_run)?;
+    use zrecord::store::publish::remote_leftovers;
+    let zrecord::io::Uri::Remote(root) = zrecord::io::Uri::parse(url)? else {
+        return Err(zrecord::Error::invalid("url", format!("'{url}' is not an object-store URL")));
+    };
+    let mut found = remote_leftovers(&root, !dry_run)?;
     for d in root.list_dirs()? {
         if !d.starts_with("upload-") {
-            found.extend(object::leftovers(&root.join(&d), !dry_run)?);
+            found.extend(remote_leftovers(&root.join(&d), !dry_run)?);
         }
     }
     for (u, n) in &found {
@@ -705,8 +707,8 @@ fn gc_remote(url: &str, dry_run: bool) -> zrecord::Result<()> {
 }
 
 fn gc(dir: &std::path::Path, dry_run: bool, all: bool) -> zrecord::Result<()> {
-    use zrecord::store::publish::{leftovers, remove_leftovers};
-    if zrecord::store::object::is_url(dir) {
+    use zrecord::io::publish::{leftovers, remove_leftovers};
+    if zrecord::io::is_url(dir) {
         return gc_remote(dir.to_str().unwrap_or_default(), dry_run);
     }
     let found = if dry_run { leftovers(dir)? } else { remove_leftovers(dir, all)? };

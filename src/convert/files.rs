@@ -11,7 +11,7 @@ use arrow_schema::{Schema, SchemaRef};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::store::bytes::Location;
+use crate::io::Location;
 
 /// A file format conversion reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ impl FileInput {
 const TEXT_BATCH_ROWS: usize = 8192;
 
 fn read_json_file(path: &Path) -> Result<Value> {
-    let bytes = crate::store::bytes::LocalFolder::new(path.parent().unwrap_or(Path::new(".")), Default::default())
+    let bytes = crate::io::LocalFolder::new(path.parent().unwrap_or(Path::new(".")), Default::default())
         .read_small(path.file_name().and_then(|n| n.to_str()).unwrap_or_default(), 64 << 20)?
         .ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "no such file".into() })?;
     serde_json::from_slice(&bytes).map_err(|e| Error::invalid("source", format!("{}: not valid JSON: {e}", path.display())))
@@ -192,7 +192,7 @@ type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
 /// One file: its schema, its batches, and its row count when the file says.
 fn open_one(path: &Path, format: FileFormat) -> Result<(SchemaRef, Batches, Option<u64>)> {
-    let (file, _) = crate::store::bytes::open_regular(path)?
+    let (file, _) = crate::io::open_regular(path)?
         .ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "no such file".into() })?;
     let ctx = |e: arrow_schema::ArrowError| Error::Arrow(e).context(format!("reading {}", path.display()));
     let p = path.to_path_buf();

@@ -10,6 +10,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, FixedSizeListArray, ListArray, UInt64Array, UInt8Array};
 use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef};
+#[cfg(feature = "images")]
 use image::DynamicImage;
 use rayon::prelude::*;
 
@@ -103,6 +104,7 @@ struct Decoded {
     pixels: Vec<u8>,
 }
 
+#[cfg(feature = "images")]
 /// Pillow's `Image.convert(mode)` of a decoded image, pixel for pixel: grey from colour is
 /// ITU-R 601-2 luma in Pillow's fixed point (`(R*19595 + G*38470 + B*7471 + 0x8000) >> 16`),
 /// alpha dropped when the target has none and 255 when the source has none. Sources are taken
@@ -149,6 +151,13 @@ fn pillow_convert(img: DynamicImage, mode: ImageMode) -> std::result::Result<Dyn
     })
 }
 
+/// Without the `images` feature there is no decoder: a typed error naming the column.
+#[cfg(not(feature = "images"))]
+fn decode_one(column: &str, _row: u64, _bytes: &[u8], _opts: &ImageOptions) -> Result<Decoded> {
+    Err(Error::invalid("column", format!("image column '{column}': this build of zrecord has no image decoders (feature `images`); store the encoded bytes instead")))
+}
+
+#[cfg(feature = "images")]
 fn decode_one(column: &str, row: u64, bytes: &[u8], opts: &ImageOptions) -> Result<Decoded> {
     let bad = |why: String| Error::invalid("column", format!("image column '{column}' row {row}: {why}"));
     let img = image::load_from_memory(bytes).map_err(|e| bad(format!("cannot decode image: {e}")))?;
@@ -224,7 +233,7 @@ fn encoded_rows<'a>(column: &str, array: &'a dyn Array, base: u64) -> Result<Vec
     (0..n)
         .map(|i| match (get_bytes(i), get_path(i)) {
             (Some(b), _) => Ok(Cow::Borrowed(b)),
-            (None, Some(p)) => crate::store::bytes::read_bounded(std::path::Path::new(p), MAX_IMAGE_FILE_BYTES)
+            (None, Some(p)) => crate::io::read_bounded(std::path::Path::new(p), MAX_IMAGE_FILE_BYTES)
                 .map(Cow::Owned)
                 .map_err(|e| e.context(format!("image column '{column}' row {}: no bytes, reading its path", base + i as u64))),
             (None, None) => Err(Error::invalid(
@@ -292,7 +301,7 @@ pub(crate) fn dense_shape(opts: &ImageOptions, channels: usize) -> Vec<u64> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "images"))]
 mod tests {
     use super::*;
     use arrow_array::BinaryArray;

@@ -76,10 +76,8 @@ impl FileComm {
         loop {
             for (r, slot) in out.iter_mut().enumerate() {
                 if slot.is_none() {
-                    match std::fs::read(file(r)) {
-                        Ok(b) => *slot = Some(b),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(Error::io(file(r), e)),
+                    if let Some(b) = crate::io::read_optional(&file(r), MAX_MESSAGE_BYTES)? {
+                        *slot = Some(b);
                     }
                 }
             }
@@ -123,12 +121,13 @@ pub(crate) fn check_ns(ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Largest rendezvous message read (a FIFO, device or longer file is a typed error).
+pub(crate) const MAX_MESSAGE_BYTES: u64 = 64 << 20;
+
 /// Write `bytes` to `path` through a hidden sibling and a rename: readers see all or nothing.
+/// Not fsynced: rendezvous files live only as long as the ranks reading them.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    crate::io::write_atomic_with(path, bytes, false)
 }
 
 #[cfg(test)]

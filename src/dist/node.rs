@@ -141,7 +141,7 @@ pub struct ReaderSpec {
 
 /// This host's identity: machines differ by boot id, network namespaces by their inode.
 pub fn host_key() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = crate::io::read_bounded(std::path::Path::new("/proc/sys/kernel/random/boot_id"), 4096).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     let net = std::fs::read_link("/proc/self/ns/net").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
     format!("{}/{net}", boot.trim())
 }
@@ -186,12 +186,7 @@ struct Rt {
 
 impl Rt {
     fn new(name: &str) -> Result<Rt> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name(name)
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io("tokio runtime", e))?;
+        let rt = crate::io::runtime::build(name, Some(2), None)?;
         Ok(Rt { rt: Some(rt), pid: std::process::id() })
     }
 
@@ -608,7 +603,7 @@ impl DistReader {
     /// endpoint), reconnect and re-read its shards. True when something changed.
     fn refresh(&self, rank: usize) -> Result<bool> {
         let Some(f) = self.inner.options.file(&format!("node.{rank}")) else { return Ok(false) };
-        let Ok(bytes) = std::fs::read(&f) else { return Ok(false) };
+        let Ok(Some(bytes)) = crate::io::read_optional(&f, crate::dist::comm::MAX_MESSAGE_BYTES) else { return Ok(false) };
         let Ok(ep) = serde_json::from_slice::<Endpoint>(&bytes) else { return Ok(false) };
         {
             let peers = self.inner.peers.read().map_err(lock_err)?;
@@ -622,7 +617,7 @@ impl DistReader {
         }
         let vars: Vec<Arc<Variable>> = self.inner.vars.read().map_err(lock_err)?.values().cloned().collect();
         for v in vars {
-            let meta = self.inner.options.file(&format!("shard.{}.{rank}", v.name)).and_then(|f| std::fs::read(f).ok()).and_then(|b| serde_json::from_slice::<ShardMeta>(&b).ok());
+            let meta = self.inner.options.file(&format!("shard.{}.{rank}", v.name)).and_then(|f| crate::io::read_optional(&f, crate::dist::comm::MAX_MESSAGE_BYTES).ok().flatten()).and_then(|b| serde_json::from_slice::<ShardMeta>(&b).ok());
             let meta = match meta {
                 Some(m) if m.rows == v.metas[rank].rows && m.dtype == v.metas[rank].dtype => m,
                 _ => v.metas[rank].clone(),
@@ -638,10 +633,8 @@ impl DistReader {
 fn wait_for_file(f: &Path, deadline: Instant, what: &str) -> Result<Vec<u8>> {
     let mut pause = Duration::from_millis(1);
     loop {
-        match std::fs::read(f) {
-            Ok(b) => return Ok(b),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(f, e)),
+        if let Some(b) = crate::io::read_optional(f, crate::dist::comm::MAX_MESSAGE_BYTES)? {
+            return Ok(b);
         }
         if Instant::now() >= deadline {
             return Err(Error::Timeout { what: format!("{what} ({} never appeared)", f.display()) });

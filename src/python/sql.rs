@@ -26,7 +26,7 @@ use datafusion::common::ScalarValue;
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread().thread_name("zrecord-sql").enable_all().build().unwrap_or_else(|e| panic!("cannot start the SQL runtime: {e}"))
+        crate::io::runtime::build("zrecord-sql", None, None).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
@@ -66,7 +66,7 @@ impl PySessionContext {
             }
             let tp = target_partitions.unwrap_or(0);
             let ctx = py
-                .detach(move || crate::store::object::block(async move { crate::query::ballista::remote_context(&url, tp).await }))
+                .detach(move || crate::io::runtime::block(async move { crate::query::ballista::remote_context(&url, tp).await }))
                 .map_err(df_to_py)?;
             if let Some(b) = batch_size {
                 ctx.state_ref().write().config_mut().options_mut().set("datafusion.execution.batch_size", &b.to_string()).map_err(df_to_py)?;

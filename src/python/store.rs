@@ -392,20 +392,20 @@ pub(crate) fn _is_store(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
 pub(crate) fn register_storage_options(py: Python<'_>, prefix: String, options: std::collections::HashMap<String, String>, pickle_secrets: bool) -> PyResult<()> {
     let mut opts: Vec<(String, String)> = options.into_iter().collect();
     opts.sort();
-    py.detach(move || crate::store::object::register_storage_options_with(&prefix, opts, pickle_secrets)).py_err()
+    py.detach(move || crate::io::object::register_storage_options_with(&prefix, opts, pickle_secrets)).py_err()
 }
 
 /// Whether this process has storage options registered for exactly `prefix`.
 #[pyfunction]
 pub(crate) fn _storage_options_registered(prefix: String) -> bool {
-    crate::store::object::storage_options_registered(&prefix)
+    crate::io::object::storage_options_registered(&prefix)
 }
 
 /// `reduce` (a `(callable, args)` pickle recipe for an object reading `path`), made to carry
 /// the storage options registered for `path` when it is a URL: unpickling registers them in
 /// the receiving process (unless it registered its own for that prefix) before the object opens.
 pub(crate) fn travelling<'py>(py: Python<'py>, path: &std::path::Path, reduce: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let Some((prefix, options)) = crate::store::object::options_to_pickle(&path.to_string_lossy()) else { return Ok(reduce) };
+    let Some((prefix, options)) = crate::io::object::options_to_pickle(&path.to_string_lossy()) else { return Ok(reduce) };
     let (f, args): (Bound<'py, PyAny>, Bound<'py, PyAny>) = reduce.extract()?;
     let opts = pyo3::types::PyDict::new(py);
     for (k, v) in options {

@@ -20,7 +20,7 @@ use crate::zarr::exec::{Assembler, CacheLimits, Limits, Stats};
 use crate::zarr::pipeline::{BatchSpec, Pipeline, QueryIter, QueueLimits};
 use crate::zarr::query::{AxisSelection, Query};
 use crate::zarr::source::{CropSource, Crops};
-use crate::zarr::sql::shared_assembler;
+use crate::zarr::exec::shared_assembler;
 
 fn axis_of(obj: &Bound<'_, PyAny>) -> PyResult<AxisSelection> {
     let t = obj.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("a query axis must be a tuple"))?;

@@ -121,7 +121,13 @@ fn decode_memory(buf: &[u8], schema: arrow_schema::SchemaRef) -> DfResult<Option
 /// The text functions by name (executors and schedulers resolve them from their registry;
 /// this is the fallback for a registry without them).
 fn text_udf(name: &str) -> Option<Arc<ScalarUDF>> {
-    crate::text::udf::text_udfs().into_iter().find(|f| f.name() == name).map(Arc::new)
+    #[cfg(feature = "text")]
+    return crate::query::text::text_udfs().into_iter().find(|f| f.name() == name).map(Arc::new);
+    #[cfg(not(feature = "text"))]
+    {
+        let _ = name;
+        None
+    }
 }
 
 /// Logical plans: zrecord tables (with their `gather()` order) and the `ZRECORD` file type,
@@ -651,7 +657,8 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
     for f in datafusion::functions_nested::all_default_nested_functions() {
         registry.scalar_functions.entry(f.name().to_string()).or_insert(f);
     }
-    for f in crate::text::udf::text_udfs() {
+    #[cfg(feature = "text")]
+    for f in crate::query::text::text_udfs() {
         registry.scalar_functions.insert(f.name().to_string(), Arc::new(f));
     }
     let mut config = ExecutorProcessConfig {

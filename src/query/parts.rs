@@ -65,7 +65,7 @@ impl PartsTarget {
     }
 
     fn remote(&self) -> bool {
-        crate::store::object::is_url(&self.dest)
+        crate::io::is_url(&self.dest)
     }
 
     /// The folder parts are written into: the staging folder (local) or the root URL.
@@ -96,7 +96,7 @@ impl PartsTarget {
     }
 
     fn join(dir: &Path, name: &str) -> PathBuf {
-        if crate::store::object::is_url(dir) {
+        if crate::io::is_url(dir) {
             PathBuf::from(format!("{}/{name}", dir.to_string_lossy().trim_end_matches('/')))
         } else {
             dir.join(name)
@@ -104,6 +104,7 @@ impl PartsTarget {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// A [`PartsTarget`] as it travels to another process (Ballista executors).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PartsSpec {
@@ -113,6 +114,7 @@ pub(crate) struct PartsSpec {
     options: crate::query::sink::OptionsSpec,
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl PartsSpec {
     pub(crate) fn of(t: &PartsTarget) -> PartsSpec {
         PartsSpec { dest: t.dest.to_string_lossy().into_owned(), token: t.token, planner_pid: t.planner_pid, options: crate::query::sink::OptionsSpec::of(&t.options) }
@@ -521,9 +523,9 @@ fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Res
         let bytes = manifest.to_bytes()?;
         if target.remote() {
             let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
-            crate::store::object::connect(&url)?.put_create(DATASET_FILE, bytes)?;
+            crate::io::resolve(&url, crate::io::ReadMode::Mmap)?.put_create(DATASET_FILE, bytes)?;
         } else {
-            crate::store::publish::publish_folder(&dir, &target.dest, DATASET_FILE, &bytes)?;
+            crate::io::publish::publish_folder(&dir, &target.dest, DATASET_FILE, &bytes)?;
         }
         Ok(manifest.record_count)
     })();
@@ -546,9 +548,9 @@ fn cleanup<'a>(target: &PartsTarget, dir: &Path, parts: impl Iterator<Item = &'a
 /// Remove these parts of a COPY to an object store.
 fn cleanup_parts<'a>(target: &PartsTarget, parts: impl Iterator<Item = &'a str>) {
     let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
-    if let Ok(remote) = crate::store::object::connect(&url) {
+    if let Ok(remote) = crate::io::resolve(&url, crate::io::ReadMode::Mmap) {
         for p in parts {
-            let _ = remote.join(p).delete_tree("");
+            let _ = remote.delete(p);
         }
     }
 }

@@ -66,7 +66,7 @@ pub fn writer_options(options: &HashMap<String, String>) -> Result<WriterOptions
     if let Some(p) = dict_path {
         // Bounded like a store's own dictionary: the option names a file, which could be a
         // FIFO or a symlink to an endless device.
-        w.dictionary = Some(crate::store::bytes::read_bounded(std::path::Path::new(&p), crate::store::reader::MAX_DICTIONARY_BYTES).map_err(|e| e.context(format!("COPY option dictionary '{p}'")))?);
+        w.dictionary = Some(crate::io::read_bounded(std::path::Path::new(&p), crate::store::reader::MAX_DICTIONARY_BYTES).map_err(|e| e.context(format!("COPY option dictionary '{p}'")))?);
     }
     Ok(w)
 }
@@ -216,8 +216,8 @@ impl FileFormat for ZrecordFormat {
         let schema = input.schema();
         let columns = plan_columns(&schema)?;
         let path = local_path(&conf.original_url)?;
-        if crate::store::object::is_url(&path) {
-            let remote = crate::store::object::connect(path.to_str().unwrap_or_default().trim_end_matches('/'))?;
+        if crate::io::is_url(&path) {
+            let remote = crate::io::resolve(&path, crate::io::ReadMode::Mmap)?;
             for name in [crate::store::format::MANIFEST, crate::store::dataset::DATASET_FILE] {
                 if remote.exists(name)? {
                     return Err(Error::AlreadyExists { path }.into());
@@ -244,7 +244,7 @@ impl FileFormat for ZrecordFormat {
 
 /// A local path (`file://` prefix dropped) or an object-store URL, kept as a path.
 fn local_path(url: &str) -> Result<std::path::PathBuf> {
-    Ok(crate::store::object::local_path(std::path::Path::new(url)))
+    Ok(crate::io::local_path(std::path::Path::new(url)))
 }
 
 /// Listing-table scans of zrecord "files" are refused with a clear message.
@@ -365,7 +365,7 @@ impl TableProviderFactory for ZrecordTableFactory {
                 return Err(Error::invalid("option", format!("a local ZRECORD table takes no OPTIONS (got {keys:?}); OPTIONS are storage options of URL locations")).into());
             }
             let opts: Vec<(String, String)> = cmd.options.iter().map(|(k, v)| (k.trim_start_matches("format.").to_string(), v.clone())).collect();
-            crate::store::object::register_storage_options(location, opts)?;
+            crate::io::register_storage_options(location, opts)?;
         }
         let path = local_path(location)?;
         let table = ZrecordTable::open(&path)?;
@@ -373,6 +373,7 @@ impl TableProviderFactory for ZrecordTableFactory {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// Writer options as they travel to another process (Ballista executors).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct OptionsSpec {
@@ -384,6 +385,7 @@ pub(crate) struct OptionsSpec {
     allow_empty: bool,
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl OptionsSpec {
     pub(crate) fn of(o: &WriterOptions) -> OptionsSpec {
         OptionsSpec { codec: o.codec.name().to_string(), level: o.level, data_shards: o.data_shards, dictionary: o.dictionary.clone(), allow_empty: o.allow_empty }
@@ -394,6 +396,7 @@ impl OptionsSpec {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// A single-partition COPY's sink as it travels to another process.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SinkSpec {
@@ -401,6 +404,7 @@ pub(crate) struct SinkSpec {
     options: OptionsSpec,
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// The spec of `plan` if it is a `DataSinkExec` writing a zrecord root.
 pub(crate) fn sink_spec(plan: &Arc<dyn ExecutionPlan>) -> Option<SinkSpec> {
     let exec = plan.downcast_ref::<DataSinkExec>()?;
@@ -409,6 +413,7 @@ pub(crate) fn sink_spec(plan: &Arc<dyn ExecutionPlan>) -> Option<SinkSpec> {
     Some(SinkSpec { path: sink.path.to_string_lossy().into_owned(), options: OptionsSpec::of(&sink.options) })
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// The `DataSinkExec` a [`SinkSpec`] describes, over `input` (its columns are checked again).
 pub(crate) fn sink_from_spec(spec: &SinkSpec, input: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
     let schema = input.schema();

@@ -372,6 +372,7 @@ impl ExecutionPlan for ZrecordScanExec {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// Ids of a scan as they travel to another process (Ballista executors).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum SelectionSpec {
@@ -381,6 +382,7 @@ pub(crate) enum SelectionSpec {
     List(Vec<u64>),
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl SelectionSpec {
     fn of(s: &Selection) -> SelectionSpec {
         match s {
@@ -406,6 +408,7 @@ impl SelectionSpec {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// A [`ZrecordTable`] as it travels to another process: where its dataset is and the gather
 /// order, if any. Only tables opened from a path (or URL) can travel.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -415,6 +418,7 @@ pub(crate) struct TableSpec {
     pub(crate) order: Option<Vec<u64>>,
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl ZrecordTable {
     /// What another process needs to open this table again.
     pub(crate) fn spec(&self) -> Result<TableSpec> {
@@ -441,6 +445,7 @@ impl ZrecordTable {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 /// A [`ZrecordScanExec`] as it travels to another process.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ScanSpec {
@@ -452,6 +457,7 @@ pub(crate) struct ScanSpec {
     batch_size: usize,
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl ZrecordScanExec {
     /// What another process needs to run this scan (parameters must be bound first).
     pub(crate) fn spec(&self) -> Result<ScanSpec> {
@@ -482,6 +488,7 @@ impl ZrecordScanExec {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl ScanSpec {
     /// The id ranges of every partition, when every partition is a set of ranges (a gather
     /// list is one ordered partition: `None`).
@@ -506,6 +513,7 @@ impl ScanSpec {
     }
 }
 
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl ZrecordScanExec {
     /// The first id partition `p` reads (a position in the table that orders partitions).
     pub(crate) fn partition_start(&self, p: usize) -> Option<u64> {

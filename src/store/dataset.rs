@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::store::bytes::Location;
+use crate::io::Location;
 use crate::store::concat::ConcatSource;
 use crate::store::source::with_logical;
 use crate::store::{format, Layout, Logical, RecordSource, Store};
@@ -177,19 +177,15 @@ impl Dataset {
     /// Whether `path` (a folder or an object-store URL) is a single store rather than a dataset
     /// root: the same test [`Dataset::open`] makes first, through the same access paths.
     pub fn is_store(path: impl AsRef<Path>) -> Result<bool> {
-        let path = path.as_ref();
-        if crate::store::object::is_url(path) {
-            let url = path.to_str().unwrap_or_default().trim_end_matches('/');
-            return crate::store::object::connect(url)?.exists(format::MANIFEST);
-        }
-        Ok(crate::store::object::local_path(path).join(format::MANIFEST).exists())
+        crate::store::is_store(path.as_ref())
     }
 
     fn open_at(path: &Path) -> Result<Dataset> {
-        if crate::store::object::is_url(path) {
-            return Dataset::open_remote(path);
-        }
-        let local = crate::store::object::local_path(path);
+        let local = match crate::io::Uri::parse_path(path)? {
+            crate::io::Uri::File(p) => p,
+            #[cfg(feature = "remote")]
+            crate::io::Uri::Remote(r) => return Dataset::open_remote(path, crate::io::resolve(r.url(), crate::io::ReadMode::Mmap)?),
+        };
         let path = local.as_path();
         if path.join(format::MANIFEST).exists() {
             return Dataset::single(path);
@@ -197,7 +193,7 @@ impl Dataset {
         let meta = path.join(DATASET_FILE);
         if meta.exists() {
             // Bounded, regular files only (a FIFO named dataset.json must not hang open).
-            let text = crate::store::bytes::LocalFolder::new(path, Default::default())
+            let text = crate::io::LocalFolder::new(path, Default::default())
                 .read_small(DATASET_FILE, 16 << 20)?
                 .ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "dataset.json vanished while opening".into() })?;
             return Dataset::described(path, &text, |name, rel| Store::open(inside_root(path, &path.join(rel), name)?));
@@ -238,18 +234,19 @@ impl Dataset {
 
     /// A store or dataset root on an object store: `manifest.json` (a store),
     /// `dataset.json` (a root), else the sub-folders that hold a store.
-    fn open_remote(path: &Path) -> Result<Dataset> {
-        let url = path.to_str().unwrap_or_default().trim_end_matches('/');
-        let remote = crate::store::object::connect(url)?;
+    #[cfg(feature = "remote")]
+    fn open_remote(path: &Path, remote: Arc<dyn crate::io::Location>) -> Result<Dataset> {
+        let url = remote.path().to_str().unwrap_or_default().to_string();
+        let url = url.as_str();
         if remote.exists(format::MANIFEST)? {
             return Dataset::single(Path::new(url));
         }
-        if let Some(text) = remote.get_small(DATASET_FILE, 16 << 20)? {
+        if let Some(text) = remote.read_small(DATASET_FILE, 16 << 20)? {
             return Dataset::described(Path::new(url), &text, |_, rel| Store::open(format!("{url}/{}", rel.trim_matches('/'))));
         }
         let mut streams = Vec::new();
         for d in remote.list_dirs()? {
-            if remote.join(&d).exists(format::MANIFEST)? {
+            if remote.child(&d)?.exists(format::MANIFEST)? {
                 let store = Store::open(format!("{url}/{d}"))?;
                 streams.push(Stream::of_store(d, &store));
             }
@@ -302,7 +299,7 @@ impl Dataset {
         // On an object store the stream stores open in parallel (each open waits for a few
         // round trips), on threads of their own: a rayon pool would hang in a forked child,
         // where its threads do not exist. The first error in stream order wins.
-        let stores: Vec<Result<Store>> = if crate::store::object::is_url(path) && jobs.len() > 1 {
+        let stores: Vec<Result<Store>> = if crate::io::is_url(path) && jobs.len() > 1 {
             std::thread::scope(|scope| {
                 let open = &open;
                 let handles: Vec<_> = jobs.iter().map(|(e, rel)| scope.spawn(move || open(&e.name, rel))).collect();

@@ -296,7 +296,7 @@ pub struct Manifest {
     pub files: Vec<FileEntry>,
     /// The sub-folder holding the files, when they are not next to the manifest (stores
     /// published to object storage: each writer uploads below a fresh folder and the
-    /// create-only manifest decides which one is the store; see `store::object`).
+    /// create-only manifest decides which one is the store; see `io::object`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<String>,
     /// Writer that made it.

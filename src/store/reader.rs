@@ -12,7 +12,8 @@ use twox_hash::XxHash3_64;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::store::bytes::{source_hash_hex, ByteSource, Hint, Location};
+use crate::io::{ByteSource, Hint, Location};
+use crate::store::writer::source_hash_hex;
 use crate::store::codec::{Codec, DecodeContext, Decoder};
 use crate::store::format::{self, IndexEntry, Kind, Manifest, ENTRY_BYTES, HEADER_BYTES};
 use crate::store::writer::file_hash_hex;
@@ -392,16 +393,11 @@ fn read_fixed<const N: usize>(f: &StoreFile, at: usize) -> Result<[u8; N]> {
 impl StoreCore {
     /// Open the store in a local folder, memory-mapped.
     pub(crate) fn open(path: &Path) -> Result<StoreCore> {
-        if crate::store::object::is_url(path) {
-            let url = path.to_str().unwrap_or_default();
-            return StoreCore::open_at(&crate::store::object::ObjectLocation::connect(url)?);
+        let loc = crate::io::resolve(path, crate::io::ReadMode::Mmap)?;
+        if !loc.is_remote() && !loc.path().is_dir() {
+            return Err(Error::NotFound { path: loc.path().to_path_buf(), reason: "no such folder".into() });
         }
-        let local = crate::store::object::local_path(path);
-        let path = local.as_path();
-        if !path.is_dir() {
-            return Err(Error::NotFound { path: path.to_path_buf(), reason: "no such folder".into() });
-        }
-        StoreCore::open_at(&crate::store::bytes::LocalFolder::new(path, Default::default()))
+        StoreCore::open_at(&*loc)
     }
 
     /// Open the store at any [`Location`].
@@ -427,7 +423,7 @@ impl StoreCore {
         let dictionary = read_dictionary(loc, &manifest, &mpath, d.codec)?;
         let decoder = Decoder::new(d.codec, dictionary.as_deref(), &path)?;
         let len = manifest.record_count;
-        let remote = index.as_object().is_some();
+        let remote = loc.is_remote();
         let seed_key = if manifest.checksums_bind_dictionary { format::dictionary_key(dictionary.as_deref()) } else { 0 };
         Ok(StoreCore {
             seed_key,
@@ -558,40 +554,38 @@ impl StoreCore {
 
     /// For a store on an object store, fetch everything a gather of `ids` reads, before it
     /// reads: the index pages (and shape rows) of the ids, then the records' byte ranges, each
-    /// step's requests coalesced and in flight together (see `store::object::preload`). The
+    /// step's requests coalesced and in flight together (see `io::object::preload`). The
     /// ranges stay pinned in the store's cache until the returned guard drops. Local stores:
     /// nothing.
-    pub(crate) fn stage(&self, ids: crate::store::Ids<'_>) -> Result<Option<crate::store::object::Staged>> {
-        use crate::store::object::{preload, Plan};
+    pub(crate) fn stage(&self, ids: crate::store::Ids<'_>) -> Result<Option<crate::io::Prepared>> {
         if !self.remote || ids.is_empty() {
             return Ok(None);
         }
         let n = ids.len();
-        fn rows<'a>(f: &'a StoreFile, ids: crate::store::Ids<'_>, row: usize) -> Vec<(&'a crate::store::object::ObjectFile, u64, u64)> {
-            let Some(o) = f.source().as_object() else { return Vec::new() };
-            (0..ids.len())
-                .map(|k| {
-                    let a = (HEADER_BYTES as u64).saturating_add(ids.get(k).saturating_mul(row as u64));
-                    (o, a, a.saturating_add(row as u64))
-                })
-                .collect()
+        fn rows<'a>(f: &'a StoreFile, ids: crate::store::Ids<'_>, row: usize, out: &mut Vec<(&'a dyn ByteSource, u64, u64)>) {
+            let src = f.source();
+            out.extend((0..ids.len()).map(|k| {
+                let a = (HEADER_BYTES as u64).saturating_add(ids.get(k).saturating_mul(row as u64));
+                (src, a, a.saturating_add(row as u64))
+            }));
         }
-        let mut meta = rows(&self.index, ids, ENTRY_BYTES);
+        let mut meta: Vec<(&dyn ByteSource, u64, u64)> = Vec::new();
+        rows(&self.index, ids, ENTRY_BYTES, &mut meta);
         if let Some(sh) = &self.shapes {
-            meta.extend(rows(sh, ids, self.ndim * 8));
+            rows(sh, ids, self.ndim * 8, &mut meta);
         }
-        let pages = preload(meta, Plan::Pages)?;
-        let mut data = Vec::with_capacity(n);
+        let pages = crate::io::prepare(meta, true)?;
+        let mut data: Vec<(&dyn ByteSource, u64, u64)> = Vec::with_capacity(n);
         for k in 0..n {
             let id = ids.get(k);
             let e = self.entry(id)?;
             let shard = self.shard(id, &e)?;
-            if let Some(o) = shard.source().as_object() {
-                data.push((o, e.offset, e.offset.saturating_add(e.stored_len as u64)));
-            }
+            data.push((shard.source(), e.offset, e.offset.saturating_add(e.stored_len as u64)));
         }
-        let mut staged = preload(data, Plan::Ranges)?;
-        staged.absorb(pages);
+        let mut staged = crate::io::prepare(data, false)?.unwrap_or_default();
+        if let Some(p) = pages {
+            staged.absorb(p);
+        }
         Ok(Some(staged))
     }
 

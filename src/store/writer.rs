@@ -562,3 +562,24 @@ where
 pub(crate) fn file_hash_hex(bytes: &[u8]) -> String {
     format!("{:016x}", XxHash3_64::oneshot(bytes))
 }
+
+/// xxh3 of a whole source, hex (streamed in 1 MiB pieces for unmapped sources).
+pub(crate) fn source_hash_hex(src: &dyn crate::io::ByteSource) -> Result<String> {
+    use std::hash::Hasher;
+    if let Some(s) = src.as_slice() {
+        return Ok(file_hash_hex(s));
+    }
+    let mut h = twox_hash::XxHash3_64::with_seed(0);
+    let mut at = 0u64;
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+    while at < src.len() {
+        let n = (src.len() - at).min(1 << 20) as usize;
+        src.read_at(at, &mut buf.spare_capacity_mut()[..n])?;
+        // SAFETY: `read_at` succeeded, so the first `n` bytes were written (capacity >= n).
+        unsafe { buf.set_len(n) };
+        h.write(&buf);
+        buf.clear();
+        at += n as u64;
+    }
+    Ok(format!("{:016x}", h.finish()))
+}

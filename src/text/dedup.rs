@@ -11,7 +11,7 @@
 //! its own atomic checkpoint opens with [`ExactDedup::open_at`] instead.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::hash::BuildHasherDefault;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -96,7 +96,7 @@ impl ExactDedup {
             }
         }
         let log_path = dir.join(LOG);
-        let mut log = OpenOptions::new().read(true).append(true).create(true).open(&log_path).map_err(|e| io(&log_path, e))?;
+        let mut log = crate::io::open_state(&log_path, false)?;
         let len = log.metadata().map_err(|e| io(&log_path, e))?.len();
         let want = committed.checked_mul(8).ok_or_else(|| Error::invalid("committed", format!("{committed} hashes")))?;
         if len < want {
@@ -203,7 +203,7 @@ impl ExactDedup {
         v.sort_unstable();
         let path = dir.join(format!("run-{}.bin", self.next_run));
         self.next_run += 1;
-        let mut f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(|e| io(&path, e))?;
+        let mut f = crate::io::open_state(&path, true)?;
         let mut bytes = Vec::with_capacity(v.len() * 8);
         for h in &v {
             bytes.extend_from_slice(&h.to_le_bytes());
@@ -230,7 +230,7 @@ impl ExactDedup {
         let old: Vec<PathBuf> = self.runs.drain(..).map(|r| r.path).collect();
         let path = dir.join(format!("run-{}.bin", self.next_run));
         self.next_run += 1;
-        let mut f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(|e| io(&path, e))?;
+        let mut f = crate::io::open_state(&path, true)?;
         let bytes: Vec<u8> = all.iter().flat_map(|h| h.to_le_bytes()).collect();
         f.write_all(&bytes).map_err(|e| io(&path, e))?;
         // SAFETY: as in `maybe_spill`.
@@ -243,27 +243,19 @@ impl ExactDedup {
     }
 }
 
-/// A count stored as text in `path` (0 when the file does not exist).
+/// A count stored as text in `path` (0 when the file does not exist; a FIFO, a device or a
+/// file longer than a count is a typed error).
 pub(crate) fn read_count(path: &Path) -> Result<u64> {
-    match std::fs::read(path) {
-        Ok(b) => {
+    match crate::io::read_optional(path, 64)? {
+        Some(b) => {
             let text = std::str::from_utf8(&b).map_err(|_| Error::corrupt(path, "not UTF-8"))?;
             text.trim().parse().map_err(|_| Error::corrupt(path, format!("'{}' is not a count", text.trim())))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(io(path, e)),
+        None => Ok(0),
     }
 }
 
-/// Replace `dir/name` with `bytes` durably: temp + fsync + rename + folder fsync.
+/// Replace `dir/name` with `bytes` durably (see [`crate::io::write_atomic`]).
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let dst = dir.join(name);
-    {
-        let mut f = File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| io(&tmp, e))?;
-        f.sync_all().map_err(|e| io(&tmp, e))?;
-    }
-    std::fs::rename(&tmp, &dst).map_err(|e| io(&dst, e))?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io(dir, e))
+    crate::io::write_atomic(&dir.join(name), bytes)
 }

@@ -21,7 +21,7 @@
 //! back, so decisions after a crash are those the committed state makes.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::hash::BuildHasherDefault;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -227,20 +227,20 @@ impl NearDedup {
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         let desc = d.describe();
         let params_path = dir.join(NEAR_PARAMS);
-        match std::fs::read_to_string(&params_path) {
-            Ok(old) if old.trim() == desc => {}
-            Ok(old) => return Err(Error::invalid("params", format!("{} was made with '{}', not '{desc}'", dir.display(), old.trim()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let old = crate::io::read_optional(&params_path, 4096)?.map(|b| String::from_utf8_lossy(&b).into_owned());
+        match old {
+            Some(old) if old.trim() == desc => {}
+            Some(old) => return Err(Error::invalid("params", format!("{} was made with '{}', not '{desc}'", dir.display(), old.trim()))),
+            None => {
                 if committed > 0 {
                     return Err(Error::corrupt(&params_path, format!("missing, but the checkpoint names {committed} committed signatures")));
                 }
                 crate::text::dedup::write_atomic(&dir, NEAR_PARAMS, desc.as_bytes())?;
             }
-            Err(e) => return Err(io(&params_path, e)),
         }
         let p = d.params.num_perm;
         let log_path = dir.join(NEAR_LOG);
-        let log = OpenOptions::new().read(true).append(true).create(true).open(&log_path).map_err(|e| io(&log_path, e))?;
+        let log = crate::io::open_state(&log_path, false)?;
         let len = log.metadata().map_err(|e| io(&log_path, e))?.len();
         let want = committed.checked_mul(8 * p as u64).ok_or_else(|| Error::invalid("committed", format!("{committed} signatures")))?;
         if len < want {

@@ -24,11 +24,15 @@ fn tk_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::invalid("tokenizer", format!("{what}: {e}"))
 }
 
+/// Largest `tokenizer.json` read (the largest published ones are tens of MiB).
+pub const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
+
 impl Tokenizer {
     /// Load `tokenizer.json` from a file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+        let bytes = crate::io::read_bounded(path, MAX_TOKENIZER_BYTES)?;
+        let text = String::from_utf8(bytes).map_err(|_| Error::invalid("tokenizer", format!("'{}' is not UTF-8", path.display())))?;
         Tokenizer::from_json(&text).map_err(|e| Error::invalid("tokenizer", format!("'{}': {e}", path.display())))
     }
 

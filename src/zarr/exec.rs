@@ -675,7 +675,7 @@ impl Assembler {
         let path = path.as_path();
         let t0 = Instant::now();
         let buf = match t.range {
-            None => t.location.read_all_limited(Some(self.limits.max_read_bytes as u64)).map_err(|e| e.context(format!("'{}'", jobs[t.chunks[0].0].meta.uri)))?,
+            None => t.location.read_all(self.limits.max_read_bytes as u64).map_err(|e| e.context(format!("'{}'", jobs[t.chunks[0].0].meta.uri)))?,
             Some((off, n)) => Some(t.location.read_range(off, n)?),
         };
         self.counters.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -744,4 +744,10 @@ impl Assembler {
             Ok(())
         })
     }
+}
+
+/// The assembler shared by SQL crop tables and `zarr.read` (global rayon pool).
+pub fn shared_assembler() -> Arc<Assembler> {
+    static A: std::sync::OnceLock<Arc<Assembler>> = std::sync::OnceLock::new();
+    A.get_or_init(|| Arc::new(Assembler::new(Limits::default(), CacheLimits::default()).unwrap_or_else(|_| unreachable!("default limits are valid")))).clone()
 }

@@ -5,8 +5,6 @@
 //! ranges, which shard index) is ours.
 
 use std::num::NonZeroU64;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -16,137 +14,12 @@ use zarrs::metadata::v3::MetadataV3;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::zarr::remote::Remote;
-use object_store::GetRange;
 
-/// Where an array's bytes live.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Location {
-    /// A folder on a local file system.
-    File(PathBuf),
-    /// A prefix in an object store (`http(s)://`, `s3://`).
-    Remote(Remote),
-}
+/// Where an array's bytes live: a local folder or an object-store prefix (see [`crate::io::Uri`]).
+pub use crate::io::Uri as Location;
 
-/// A local file, or `None` when it does not exist.
-fn open_local(p: &std::path::Path) -> Result<Option<std::fs::File>> {
-    match std::fs::File::open(p) {
-        Ok(f) => Ok(Some(f)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(p, e)),
-    }
-}
-
-impl Location {
-    /// Parse a URI: a plain path, `file://`, `http(s)://` or `s3://`.
-    pub fn parse(uri: &str) -> Result<Location> {
-        if let Some(rest) = uri.strip_prefix("file://") {
-            // file:///abs/path and file://localhost/abs/path
-            let rest = rest.strip_prefix("localhost").unwrap_or(rest);
-            if !rest.starts_with('/') {
-                return Err(Error::invalid("uri", format!("'{uri}': a file:// URI needs an absolute path")));
-            }
-            return Ok(Location::File(PathBuf::from(rest)));
-        }
-        if let Some((scheme, _)) = uri.split_once("://") {
-            return match Remote::parse(uri)? {
-                Some(r) => Ok(Location::Remote(r)),
-                None => Err(Error::invalid("uri", format!("'{uri}': scheme '{scheme}://' is not supported (paths, file://, http(s)://, s3://, gs://, az://)"))),
-            };
-        }
-        if uri.is_empty() {
-            return Err(Error::invalid("uri", "empty URI"));
-        }
-        Ok(Location::File(PathBuf::from(uri)))
-    }
-
-    /// The location of `key` below this one.
-    pub fn join(&self, key: &str) -> Location {
-        match self {
-            Location::File(p) => Location::File(p.join(key)),
-            Location::Remote(r) => Location::Remote(r.join(key)),
-        }
-    }
-
-    /// The path (local) or URL (remote), for messages and errors.
-    pub fn path(&self) -> PathBuf {
-        match self {
-            Location::File(p) => p.clone(),
-            Location::Remote(r) => PathBuf::from(r.display()),
-        }
-    }
-
-    /// The whole object, or `None` when it does not exist. `limit`: refuse larger objects.
-    pub fn read_all_limited(&self, limit: Option<u64>) -> Result<Option<Vec<u8>>> {
-        let too_big = |n: u64, l: u64| Error::invalid("max_read_bytes", format!("'{}' is {n} bytes, more than limits.max_read_bytes = {l}", self.path().display()));
-        match self {
-            Location::File(p) => {
-                let Some(f) = open_local(p)? else { return Ok(None) };
-                let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
-                if let Some(l) = limit.filter(|&l| len > l) {
-                    return Err(too_big(len, l));
-                }
-                let mut b = vec![0u8; len as usize];
-                f.read_exact_at(&mut b, 0).map_err(|e| Error::io(p, e))?;
-                Ok(Some(b))
-            }
-            Location::Remote(r) => match r.get(None)? {
-                Some((b, size)) => {
-                    if let Some(l) = limit.filter(|&l| size > l) {
-                        return Err(too_big(size, l));
-                    }
-                    Ok(Some(b))
-                }
-                None => Ok(None),
-            },
-        }
-    }
-
-    /// The whole object, or `None` when it does not exist.
-    pub fn read_all(&self) -> Result<Option<Vec<u8>>> {
-        self.read_all_limited(None)
-    }
-
-    /// `len` bytes from `offset` (the object must exist and hold them).
-    pub fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
-        match self {
-            Location::File(p) => {
-                let f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
-                let mut b = vec![0u8; len as usize];
-                f.read_exact_at(&mut b, offset).map_err(|e| Error::io(p, e))?;
-                Ok(b)
-            }
-            Location::Remote(r) => {
-                let (b, _) = r.get(Some(GetRange::Bounded(offset..offset + len)))?.ok_or_else(|| Error::NotFound { path: self.path(), reason: "the object is gone".into() })?;
-                if b.len() as u64 != len {
-                    return Err(Error::corrupt(self.path(), format!("asked for {len} bytes at {offset}, got {}", b.len())));
-                }
-                Ok(b)
-            }
-        }
-    }
-
-    /// `n` bytes at the start (`from_start`) or end of the object, and the object's size;
-    /// `None` when it does not exist.
-    pub fn read_edge(&self, n: u64, from_start: bool) -> Result<Option<(Vec<u8>, u64)>> {
-        match self {
-            Location::File(p) => {
-                let Some(f) = open_local(p)? else { return Ok(None) };
-                let size = f.metadata().map_err(|e| Error::io(p, e))?.len();
-                if size < n {
-                    return Ok(Some((Vec::new(), size)));
-                }
-                let mut b = vec![0u8; n as usize];
-                f.read_exact_at(&mut b, if from_start { 0 } else { size - n }).map_err(|e| Error::io(p, e))?;
-                Ok(Some((b, size)))
-            }
-            Location::Remote(r) => {
-                let range = if from_start { GetRange::Bounded(0..n) } else { GetRange::Suffix(n) };
-                r.get(Some(range))
-            }
-        }
-    }
-}
+/// Largest metadata document read (`zarr.json`, `.zarray`, `.zattrs`).
+pub const MAX_METADATA_BYTES: u64 = 64 << 20;
 
 /// How an array's chunks are stored.
 #[derive(Clone, Debug)]
@@ -399,7 +272,9 @@ impl ArrayMeta {
     /// The object holding chunk (unsharded) or shard (sharded) `grid` indices.
     pub fn object(&self, grid: &[u64]) -> Location {
         let key = self.keys.chunk_key(grid);
-        self.location.join(key.as_str())
+        // Keys built here from grid indices (digits, the encoding's separator): no lookup
+        // per component is needed to keep them inside the array.
+        self.location.join_built(key.as_str())
     }
 
     /// Elements per read chunk (checked to fit when the array was opened).
@@ -437,7 +312,7 @@ pub(crate) fn index_shape(per_shard: &[u64]) -> Result<Vec<NonZeroU64>> {
 fn resolve(uri: &str, root: &Location, level: Option<usize>) -> Result<(Location, ArrayMetadata)> {
     let mut loc = root.clone();
     for _ in 0..4 {
-        if let Some(bytes) = loc.join("zarr.json").read_all()? {
+        if let Some(bytes) = loc.join("zarr.json")?.read_all(MAX_METADATA_BYTES)? {
             let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| field_error(uri, "zarr.json", e))?;
             match v.get("node_type").and_then(|t| t.as_str()) {
                 Some("array") => {
@@ -452,20 +327,20 @@ fn resolve(uri: &str, root: &Location, level: Option<usize>) -> Result<(Location
                 Some("group") => {
                     let attrs = v.get("attributes").cloned().unwrap_or_default();
                     let path = multiscale_path(uri, &attrs, level)?;
-                    loc = loc.join(&path);
+                    loc = loc.join(&path)?;
                     continue;
                 }
                 other => return Err(field_error(uri, "node_type", format!("{other:?} (array or group)"))),
             }
         }
-        if let Some(bytes) = loc.join(".zarray").read_all()? {
+        if let Some(bytes) = loc.join(".zarray")?.read_all(MAX_METADATA_BYTES)? {
             let m: zarrs::array::ArrayMetadataV2 = serde_json::from_slice(&bytes).map_err(|e| field_error(uri, ".zarray", e))?;
             return Ok((loc, ArrayMetadata::V2(m)));
         }
-        if let Some(bytes) = loc.join(".zattrs").read_all()? {
+        if let Some(bytes) = loc.join(".zattrs")?.read_all(MAX_METADATA_BYTES)? {
             let attrs: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| field_error(uri, ".zattrs", e))?;
             let path = multiscale_path(uri, &attrs, level)?;
-            loc = loc.join(&path);
+            loc = loc.join(&path)?;
             continue;
         }
         return Err(Error::NotFound { path: loc.path(), reason: format!("'{uri}': no zarr.json (v3) or .zarray (v2) here") });

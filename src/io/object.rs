@@ -30,7 +30,6 @@
 //!   (`zrec gc URL`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -43,47 +42,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{Error, RemoteKind, Result};
-use crate::store::bytes::{ByteSource, Location};
+use crate::io::{ByteSource, Location};
 
-/// The shared I/O runtime every remote read and write runs on (callers block on it from any
-/// thread: rayon workers, DataFusion's runtime, Python threads).
-pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("zrecord-io")
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("cannot start the zrecord I/O runtime: {e}"))
-    })
-}
-
-/// Run `f` on the I/O runtime and wait for it (safe inside another runtime's thread too).
-pub(crate) fn block<F>(f: F) -> F::Output
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let handle = runtime().spawn(f);
-    match futures::executor::block_on(handle) {
-        Ok(v) => v,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
-
-/// True for a URL that names an object store (`scheme://...`, not `file://`).
-pub fn is_url(path: &Path) -> bool {
-    path.to_str().is_some_and(|s| s.contains("://") && !s.starts_with("file://"))
-}
-
-/// A path or URL as a local path: `file:///x` becomes `/x`; anything else is returned as is.
-pub fn local_path(path: &Path) -> PathBuf {
-    match path.to_str().and_then(|s| s.strip_prefix("file://")) {
-        Some(rest) => PathBuf::from(rest),
-        None => path.to_path_buf(),
-    }
-}
+use crate::io::runtime::block;
 
 /// How remote reads are planned (the `zrecord_*` storage options).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -458,7 +419,7 @@ impl Remote {
         })
     }
 
-    fn url_of(&self, name: &str) -> String {
+    pub(crate) fn url_of(&self, name: &str) -> String {
         if name.is_empty() {
             self.url()
         } else {
@@ -772,6 +733,33 @@ impl Location for ObjectLocation {
         &self.path
     }
 
+    fn is_remote(&self) -> bool {
+        true
+    }
+
+    fn exists(&self, name: &str) -> Result<bool> {
+        self.remote.exists(name)
+    }
+
+    fn list_dirs(&self) -> Result<Vec<String>> {
+        self.remote.list_dirs()
+    }
+
+    fn child(&self, name: &str) -> Result<Arc<dyn Location>> {
+        if name.is_empty() || name.split('/').any(|c| c == ".." || c.is_empty()) || name.contains('\0') {
+            return Err(Error::invalid("path", format!("'{name}' below '{}' is not a plain relative path", self.remote.url())));
+        }
+        Ok(Arc::new(ObjectLocation::new(self.remote.join(name))))
+    }
+
+    fn put_create(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.remote.put_create(name, bytes)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        self.remote.delete_tree(name).map(|_| ())
+    }
+
     fn read_small(&self, name: &str, max_bytes: u64) -> Result<Option<Vec<u8>>> {
         self.remote.get_small(name, max_bytes)
     }
@@ -880,7 +868,7 @@ impl ByteSource for ObjectFile {
     fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         let len = out.len() as u64;
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(crate::store::bytes::past_end(&self.path, offset, out.len(), self.len));
+            return Err(crate::io::past_end(&self.path, offset, out.len(), self.len));
         }
         if len == 0 {
             return Ok(());
@@ -1191,108 +1179,6 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
     }
 }
 
-/// Publish the local staging folder `src` (a store: files + `manifest`) at `dest`: upload
-/// its files below a fresh data folder, then put the manifest, naming that folder, create-only.
-/// On any failure what was uploaded is deleted; the destination is never overwritten.
-pub(crate) fn upload_store(src: &Path, dest: &Remote, manifest: &[u8]) -> Result<()> {
-    let mut m = crate::store::format::Manifest::from_bytes(manifest, &src.join(crate::store::format::MANIFEST))?;
-    if dest.exists(crate::store::format::MANIFEST)? {
-        return Err(Error::AlreadyExists { path: PathBuf::from(dest.url()) });
-    }
-    let data_dir = fresh_data_dir();
-    let files: Vec<PathBuf> = {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(src)
-            .map_err(|e| Error::io(src, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != crate::store::format::MANIFEST))
-            .collect();
-        v.sort();
-        v
-    };
-    let result = (|| -> Result<()> {
-        // Files in parallel (each upload is itself concurrent above 8 MiB).
-        use rayon::prelude::*;
-        files.par_iter().try_for_each(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            dest.upload(p, &format!("{data_dir}/{name}"))
-        })?;
-        m.data_dir = Some(data_dir.clone());
-        let bytes = m.to_bytes()?;
-        dest.put_create(crate::store::format::MANIFEST, bytes)
-    })();
-    if let Err(e) = result {
-        // Leave nothing behind (best effort: `zrec gc` finds what a crash left).
-        let _ = dest.delete_tree(&data_dir);
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// A data folder name no other writer picks: time, process and a counter.
-fn fresh_data_dir() -> String {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let mut seed = [0u8; 8];
-    let _ = getrandom::fill(&mut seed);
-    format!("upload-{t:x}-{:x}-{}-{:016x}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed), u64::from_le_bytes(seed))
-}
-
-/// Publish a local staging folder (a store, or a dataset root of stores + `dataset.json`) at
-/// `dest`. Stores go first, each with its create-only manifest; the dataset file last.
-pub(crate) fn upload_published(src: &Path, dest: &Remote, manifest_name: &str, manifest: &[u8]) -> Result<()> {
-    if manifest_name == crate::store::format::MANIFEST {
-        return upload_store(src, dest, manifest);
-    }
-    if dest.exists(manifest_name)? {
-        return Err(Error::AlreadyExists { path: PathBuf::from(dest.url()) });
-    }
-    // A dataset root: every sub-folder holding a store is published as a store, then the
-    // dataset file. On failure the streams published here are removed again.
-    let mut subs: Vec<PathBuf> = std::fs::read_dir(src)
-        .map_err(|e| Error::io(src, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join(crate::store::format::MANIFEST).is_file())
-        .collect();
-    subs.sort();
-    let mut done: Vec<Remote> = Vec::new();
-    let result = (|| -> Result<()> {
-        for s in &subs {
-            let name = s.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let m = std::fs::read(s.join(crate::store::format::MANIFEST)).map_err(|e| Error::io(s, e))?;
-            let sub = dest.join(&name);
-            upload_store(s, &sub, &m)?;
-            done.push(sub);
-        }
-        dest.put_create(manifest_name, manifest.to_vec())
-    })();
-    if let Err(e) = result {
-        for sub in done {
-            let _ = sub.delete(crate::store::format::MANIFEST);
-            let _ = sub.delete_tree("");
-        }
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Data folders below the store at `dest` that its manifest does not name (left by writers
-/// that crashed or lost a race): `(folder url, objects)`. With `remove`, delete them.
-pub fn leftovers(dest: &Remote, remove: bool) -> Result<Vec<(String, u64)>> {
-    let live: Option<String> = match dest.get_small(crate::store::format::MANIFEST, 1 << 20)? {
-        Some(b) => crate::store::format::Manifest::from_bytes(&b, Path::new(&dest.url_of(crate::store::format::MANIFEST)))?.data_dir,
-        None => None,
-    };
-    let mut out = Vec::new();
-    for d in dest.list_dirs()? {
-        if !d.starts_with("upload-") || live.as_deref() == Some(d.as_str()) {
-            continue;
-        }
-        let n = if remove { dest.delete_tree(&d)? } else { 0 };
-        out.push((dest.url_of(&d), n));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1363,8 +1249,6 @@ mod tests {
         assert!(matches!(connect_with("ftp://host/x", &[]), Err(Error::InvalidArgument { .. })));
         assert!(matches!(connect_with("s3://b/a/../c", &[]), Err(Error::InvalidArgument { .. })));
         assert_eq!(status_of("Server returned non-2xx status code: 503 Service Unavailable"), Some(503));
-        assert!(is_url(Path::new("s3://b/x")) && !is_url(Path::new("file:///x")) && !is_url(Path::new("/x")));
-        assert_eq!(local_path(Path::new("file:///tmp/x")), PathBuf::from("/tmp/x"));
     }
 
     /// A store written locally, published to an (in-memory) object store, opened there and
@@ -1388,10 +1272,10 @@ mod tests {
             let opts = RemoteOptions { page_bytes: 1024, coalesce_gap: 64, ..Default::default() };
             let remote = memory_remote(opts);
             let manifest = std::fs::read(local.join(crate::store::format::MANIFEST)).unwrap_or_else(|e| panic!("{e}"));
-            upload_store(&local, &remote, &manifest).unwrap_or_else(|e| panic!("{e}"));
-            let again = upload_store(&local, &remote, &manifest);
+            crate::store::publish::upload_store(&local, &remote, &manifest).unwrap_or_else(|e| panic!("{e}"));
+            let again = crate::store::publish::upload_store(&local, &remote, &manifest);
             assert!(matches!(again, Err(Error::AlreadyExists { .. })), "{again:?}");
-            assert!(leftovers(&remote, false).unwrap_or_else(|e| panic!("{e}")).is_empty(), "the losing writer cleaned up");
+            assert!(crate::store::publish::remote_leftovers(&remote, false).unwrap_or_else(|e| panic!("{e}")).is_empty(), "the losing writer cleaned up");
 
             let loc = ObjectLocation::new(remote.clone());
             let store = Store::open_at(&loc).unwrap_or_else(|e| panic!("{e}"));
@@ -1435,7 +1319,7 @@ mod tests {
         let opts = RemoteOptions { cache_dir: Some(cache_dir.clone()), cache_dir_bytes: 64 << 10, coalesce_gap: 0, ..Default::default() };
         let remote = memory_remote(opts);
         let manifest = std::fs::read(local.join(crate::store::format::MANIFEST)).unwrap_or_else(|e| panic!("{e}"));
-        upload_store(&local, &remote, &manifest).unwrap_or_else(|e| panic!("{e}"));
+        crate::store::publish::upload_store(&local, &remote, &manifest).unwrap_or_else(|e| panic!("{e}"));
         let ids = [7u64, 150, 3];
         let want: Vec<u8> = ids.iter().flat_map(|&i| data[i as usize * 1000..(i as usize + 1) * 1000].to_vec()).collect();
         let gather = |ids: &[u64]| -> Result<Vec<u8>> {

@@ -1,7 +1,7 @@
 //! `zarr_crops('uri', [d0, d1, ...], count [, seed [, level]])`: seeded random crops of a Zarr
 //! array as a table (`_id`, `crop` as `arrow.fixed_shape_tensor`), like any zrecord table.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::{Result as DfResult, ScalarValue};
@@ -11,14 +11,8 @@ use crate::query::df_err;
 use crate::query::functions::{arg_err, int_arg, literal, string_arg};
 use crate::query::table::ZrecordTable;
 use crate::store::{Dataset, Stream};
-use crate::zarr::exec::{Assembler, CacheLimits, Limits};
+use crate::zarr::exec::shared_assembler;
 use crate::zarr::source::{CropSource, Crops};
-
-/// The assembler shared by SQL crop tables and `zarr.read` (global rayon pool).
-pub fn shared_assembler() -> Arc<Assembler> {
-    static A: OnceLock<Arc<Assembler>> = OnceLock::new();
-    A.get_or_init(|| Arc::new(Assembler::new(Limits::default(), CacheLimits::default()).unwrap_or_else(|_| unreachable!("default limits are valid")))).clone()
-}
 
 /// The `zarr_crops` table function.
 #[derive(Debug, Default)]
