@@ -31,7 +31,7 @@ case "$kind" in
   thread)
     export RUSTFLAGS="-Zsanitizer=thread -Cforce-frame-pointers=yes --cfg zrecord_sanitize"
     export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp}"
-    targets=(--lib --test loader --test hostile --test seams)
+    targets=(--lib --test it)
     build_std=(-Zbuild-std)
     ;;
   *)

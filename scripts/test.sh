@@ -28,7 +28,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "zrecord":
         print(m["executable"])' | tail -1)
-  for filter in memory:: store::codec:: store::bytes:: store::publish:: arrow::; do
+  for filter in memory:: store::codec:: io:: store::publish:: arrow::; do
     valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite \
       "$bin" --test-threads=1 -q "$filter"
   done

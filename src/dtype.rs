@@ -268,6 +268,21 @@ fn supported_names() -> String {
     CATALOG.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
 }
 
+impl serde::Serialize for DType {
+    /// As its catalog name (`"float32"`, ...).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DType {
+    /// From a catalog name; an unknown one is an error naming the catalog.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<DType, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -74,13 +74,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// Input data has a different dtype than the store.
-    #[error("dtype mismatch: store has {expected}, input has {found}")]
+    /// Data of one dtype where another is needed (input to a store, a typed view of a tensor,
+    /// a Zarr array's type).
+    #[error("dtype mismatch{}: expected {expected}, found {found}", if what.is_empty() { String::new() } else { format!(" ({what})") })]
     DtypeMismatch {
-        /// The store dtype.
-        expected: String,
-        /// The input dtype.
-        found: String,
+        /// The dtype needed.
+        expected: crate::dtype::DType,
+        /// The dtype given.
+        found: crate::dtype::DType,
+        /// What was being checked (a field, a record): empty when obvious.
+        what: String,
     },
     /// Input data has the wrong shape.
     #[error("shape mismatch: expected {expected}, found {found}")]

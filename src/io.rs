@@ -30,7 +30,7 @@ pub mod runtime;
 pub(crate) mod sigbus;
 mod uri;
 
-pub use local::{join_contained, open_regular, open_state, read_bounded, read_optional, write_atomic, write_atomic_with, LocalFolder, Mapped, PreadFile};
+pub use local::{create_new, join_contained, list_dir, open_regular, open_state, read_bounded, read_optional, write_atomic, write_atomic_with, DirEntry, LocalFolder, Mapped, PreadFile};
 pub use uri::{is_url, local_path, Uri};
 
 /// Register storage options (credentials, endpoints, `zrecord_*` read-plan keys) for every URL

@@ -13,6 +13,8 @@
 //! `text` and `dist` (features of the same names). `--no-default-features` builds the core:
 //! dtype, error, memory, io (local files), store, arrow, loader, convert.
 #![warn(missing_docs)]
+// Every unsafe block says why it is sound; every unsafe fn says what its caller must uphold.
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 // Store files hold little-endian values read in place through mmap, and string views are
@@ -31,6 +33,7 @@ pub mod loader;
 pub mod memory;
 #[cfg(feature = "sql")]
 pub mod query;
+pub mod rng;
 pub mod sample;
 pub mod store;
 #[cfg(feature = "text")]
@@ -49,7 +52,7 @@ pub mod prelude {
     pub use crate::error::{Error, Result};
     pub use crate::memory::{Allocator, PackedRagged, RaggedBatch, RaggedInput, Tensor, TensorView};
     pub use crate::store::{
-        train_dict, Batch, Codec, Dataset, DenseStore, DenseView, DenseWriter, Ids, Layout, Logical, RaggedStore, RaggedView,
+        train_dict, Batch, Codec, Dataset, DenseStore, DenseView, DenseWriter, Ids, Layout, Logical, RaggedStore, RaggedView, RecordType,
         RaggedWriter, ReadOptions, RecordSource, SourceView, Store, WriterOptions,
     };
 }

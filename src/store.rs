@@ -18,19 +18,13 @@ macro_rules! store_source {
                 self.core.len
             }
 
-            fn dtype(&self) -> DType {
-                self.core.dtype
-            }
-
-            fn layout(&self) -> crate::store::Layout {
+            fn record_type(&self) -> crate::store::RecordType {
+                crate::store::RecordType { dtype: self.core.dtype, layout: {
                 match self.core.kind {
-                    Kind::Dense => crate::store::Layout::Dense { item_shape: self.core.item_shape.clone() },
-                    Kind::Ragged => crate::store::Layout::Ragged { ndim: self.core.ndim },
+                Kind::Dense => crate::store::Layout::Dense { item_shape: self.core.item_shape.clone() },
+                Kind::Ragged => crate::store::Layout::Ragged { ndim: self.core.ndim },
                 }
-            }
-
-            fn logical(&self) -> Logical {
-                self.core.manifest.logical
+            }, logical: self.core.manifest.logical }
             }
 
             fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &crate::store::ReadOptions) -> Result<crate::store::Batch> {
@@ -62,6 +56,7 @@ mod gather;
 mod ragged;
 pub mod publish;
 pub(crate) mod reader;
+mod residency;
 pub mod selection;
 mod source;
 mod writer;
@@ -77,9 +72,9 @@ pub use gather::Ids;
 pub use ragged::{RaggedStore, RaggedView, RaggedWriter};
 pub use crate::io::{ByteSource, Hint, LocalFolder, Location, ReadMode};
 pub use publish::Staging;
-pub use dataset::{Dataset, Stream};
+pub use dataset::{Dataset, Stream, StreamInfo};
 pub use selection::{ChunkIds, Chunks, IdSet, Selection};
-pub use source::{with_logical, Batch, Layout, ReadOptions, RecordSource, SourceView};
+pub use source::{with_logical, Batch, Layout, ReadOptions, RecordSource, RecordType, SourceInfo, SourceView};
 pub use writer::WriterOptions;
 
 use crate::dtype::DType;

@@ -132,12 +132,8 @@ pub fn open_files(source: &str) -> Result<FileInput> {
             }
             (files, FileFormat::Arrow)
         } else {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                .map_err(|e| Error::io(path, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && FileFormat::of_path(p).is_some())
-                .collect();
-            files.sort();
+            let files: Vec<PathBuf> =
+                crate::io::list_dir(path)?.into_iter().filter(|e| e.is_file && FileFormat::of_path(&e.path).is_some()).map(|e| e.path).collect();
             let format = one_format(source, &files)?;
             (files, format)
         }

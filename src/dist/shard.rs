@@ -165,12 +165,8 @@ impl RecordSource for SharedRows {
         self.rows
     }
 
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn layout(&self) -> Layout {
-        Layout::Dense { item_shape: self.item_shape.clone() }
+    fn record_type(&self) -> crate::store::RecordType {
+        crate::store::RecordType { dtype: self.dtype, layout: Layout::Dense { item_shape: self.item_shape.clone() }, logical: crate::store::Logical::Tensor }
     }
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {

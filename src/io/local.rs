@@ -93,7 +93,7 @@ pub fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
     if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
         return Err(Error::invalid("file", format!("{} is not a regular file", path.display())));
     }
-    let (f, len) = open_regular(path)?.ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "no such file".into() })?;
+    let (f, len) = open_regular(path)?.ok_or_else(|| Error::io(path, std::io::ErrorKind::NotFound.into()))?;
     if len > max_bytes {
         return Err(Error::invalid("file", format!("{} is {len} bytes, more than the {max_bytes} allowed", path.display())));
     }
@@ -136,7 +136,7 @@ impl Location for LocalFolder {
     }
 
     fn exists(&self, name: &str) -> Result<bool> {
-        let p = join_contained(&self.path, name)?;
+        let p = self.path.join(plain_name(&self.path, name)?);
         match std::fs::symlink_metadata(&p) {
             Ok(_) => Ok(std::fs::metadata(&p).is_ok()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -145,18 +145,7 @@ impl Location for LocalFolder {
     }
 
     fn list_dirs(&self) -> Result<Vec<String>> {
-        let rd = std::fs::read_dir(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        let mut out = Vec::new();
-        for e in rd {
-            let e = e.map_err(|e| Error::io(&self.path, e))?;
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                if let Some(n) = e.file_name().to_str() {
-                    out.push(n.to_string());
-                }
-            }
-        }
-        out.sort();
-        Ok(out)
+        Ok(list_dir(&self.path)?.into_iter().filter(|e| e.is_dir).map(|e| e.name).collect())
     }
 
     fn child(&self, name: &str) -> Result<Arc<dyn Location>> {
@@ -194,11 +183,11 @@ impl Location for LocalFolder {
     }
 
     fn read_small(&self, name: &str, max_bytes: u64) -> Result<Option<Vec<u8>>> {
-        read_optional(&join_contained(&self.path, name)?, max_bytes)
+        read_optional(&self.path.join(plain_name(&self.path, name)?), max_bytes)
     }
 
     fn open(&self, name: &str, expected_len: u64) -> Result<Box<dyn ByteSource>> {
-        let p = join_contained(&self.path, name)?;
+        let p = self.path.join(plain_name(&self.path, name)?);
         Ok(match self.mode {
             ReadMode::Mmap => Box::new(Mapped::open(p, expected_len)?),
             ReadMode::Pread => Box::new(PreadFile::open(p, expected_len)?),
@@ -207,6 +196,7 @@ impl Location for LocalFolder {
 }
 
 /// A read-only mapping of a whole file (empty files have no mapping).
+#[derive(Debug)]
 pub struct Mapped {
     path: PathBuf,
     /// Declared before `map`: unregistered before the mapping goes away.
@@ -375,10 +365,23 @@ impl ByteSource for PreadFile {
 
 }
 
+/// `name` if it is a relative path that cannot climb out of `root` (no `..`, not absolute, not
+/// empty, no NUL): the check on file names a folder's own manifest lists (the files themselves
+/// are then opened only if they are regular files).
+fn plain_name<'a>(root: &Path, name: &'a str) -> Result<&'a str> {
+    use std::path::Component;
+    let ok = !name.is_empty() && !name.contains('\0') && Path::new(name).components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    if ok {
+        Ok(name)
+    } else {
+        Err(Error::invalid("path", format!("'{name}' is not a plain name below '{}'", root.display())))
+    }
+}
+
 /// `root` joined with `name`, a relative path taken from metadata (a file list, a multiscale
 /// path, a stream name): refused unless it stays inside `root` — no absolute path, no `..`
-/// component, no empty name, no NUL, and no symlink among the components below `root` (a link
-/// could lead anywhere). The components need not exist.
+/// component, no empty name, no NUL, and no symlink that leads out of `root` (checked on the
+/// deepest part of the path that exists). The path need not exist.
 pub fn join_contained(root: &Path, name: &str) -> Result<PathBuf> {
     use std::path::Component;
     let bad = |why: &str| Error::invalid("path", format!("'{name}' below '{}' {why}", root.display()));
@@ -388,15 +391,13 @@ pub fn join_contained(root: &Path, name: &str) -> Result<PathBuf> {
     if name.contains('\0') {
         return Err(bad("holds a NUL byte"));
     }
-    let rel = Path::new(name);
     let mut out = root.to_path_buf();
-    for c in rel.components() {
+    let mut linked = false;
+    for c in Path::new(name).components() {
         match c {
             Component::Normal(part) => {
                 out.push(part);
-                if std::fs::symlink_metadata(&out).is_ok_and(|m| m.file_type().is_symlink()) {
-                    return Err(bad("passes through a symbolic link"));
-                }
+                linked |= std::fs::symlink_metadata(&out).is_ok_and(|m| m.file_type().is_symlink());
             }
             Component::CurDir => {}
             Component::ParentDir => return Err(bad("climbs out of its folder ('..')")),
@@ -405,6 +406,17 @@ pub fn join_contained(root: &Path, name: &str) -> Result<PathBuf> {
     }
     if out == root {
         return Err(bad("names the folder itself"));
+    }
+    if linked {
+        let mut probe = out.as_path();
+        while std::fs::symlink_metadata(probe).is_err() {
+            probe = probe.parent().unwrap_or(root);
+        }
+        let real = std::fs::canonicalize(probe).map_err(|e| Error::io(probe, e))?;
+        let real_root = std::fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
+        if !real.starts_with(&real_root) {
+            return Err(bad(&format!("leads out of its folder through a symbolic link (to '{}')", real.display())));
+        }
     }
     Ok(out)
 }
@@ -444,6 +456,47 @@ pub fn open_state(path: &Path, truncate: bool) -> Result<File> {
         }
     }
     Ok(f)
+}
+
+/// Create file `path` for writing; it must not exist ([`Error::AlreadyExists`]) and is never
+/// created through a symlink. What writers of new files (store shards in a staging folder,
+/// exported query results) open.
+pub fn create_new(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            Error::AlreadyExists { path: path.to_path_buf() }
+        } else {
+            Error::io(path, e)
+        }
+    })
+}
+
+/// One entry of a folder ([`list_dir`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The entry's name (entries whose names are not UTF-8 are skipped).
+    pub name: String,
+    /// The folder joined with the name.
+    pub path: PathBuf,
+    /// A folder (following a symlink).
+    pub is_dir: bool,
+    /// A regular file (following a symlink).
+    pub is_file: bool,
+}
+
+/// The entries of folder `dir`, sorted by name.
+pub fn list_dir(dir: &Path) -> Result<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let Some(name) = e.file_name().to_str().map(str::to_string) else { continue };
+        let path = e.path();
+        let meta = std::fs::metadata(&path).ok();
+        out.push(DirEntry { name, is_dir: meta.as_ref().is_some_and(|m| m.is_dir()), is_file: meta.as_ref().is_some_and(|m| m.is_file()), path });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
 }
 
 /// Replace `path` with `bytes` atomically: written to a temporary sibling (created new,
@@ -521,5 +574,80 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).unwrap();
         assert!(matches!(folder.read_small("zero", 100), Err(Error::Corrupt { .. })));
     }
-}
 
+    #[test]
+    fn state_files_and_folders_through_the_door() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // open_state: created, appended, truncated; never through a symlink; never a FIFO.
+        let p = d.join("log");
+        {
+            use std::io::Write;
+            open_state(&p, false).unwrap().write_all(b"abc").unwrap();
+            open_state(&p, false).unwrap().write_all(b"de").unwrap();
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), b"abcde");
+        drop(open_state(&p, true).unwrap());
+        assert_eq!(std::fs::read(&p).unwrap(), b"");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, d.join("link")).unwrap();
+        for truncate in [false, true] {
+            let e = open_state(&d.join("link"), truncate).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("symbolic link"), "{e}");
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me", "the link's target is untouched");
+        let fifo = d.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY (test): a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(open_state(&fifo, false), Err(Error::InvalidArgument { .. })), "a FIFO is refused at once");
+        assert!(matches!(read_optional(&fifo, 10), Err(Error::Corrupt { .. })));
+        assert!(read_bounded(&fifo, 10).is_err());
+        assert!(read_optional(&d.join("none"), 10).unwrap().is_none());
+        // write_atomic replaces a symlink instead of writing through it, and leaves no temp file.
+        write_atomic(&d.join("link"), b"new").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert_eq!(std::fs::read(d.join("link")).unwrap(), b"new");
+        assert!(!std::fs::symlink_metadata(d.join("link")).unwrap().file_type().is_symlink());
+        write_atomic_with(&d.join("msg"), b"m", false).unwrap();
+        let names: Vec<String> = list_dir(d).unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, ["fifo", "link", "log", "msg", "victim"], "sorted, no temporary left");
+        // create_new: never replaces, never follows a link.
+        assert!(matches!(create_new(&d.join("msg")), Err(Error::AlreadyExists { .. })));
+        std::os::unix::fs::symlink(d.join("nowhere"), d.join("dangling")).unwrap();
+        assert!(create_new(&d.join("dangling")).is_err());
+        assert!(!d.join("nowhere").exists());
+    }
+
+    #[test]
+    fn local_folder_location() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = LocalFolder::new(dir.path(), ReadMode::Mmap);
+        std::fs::create_dir_all(dir.path().join("b/c")).unwrap();
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        assert_eq!(root.list_dirs().unwrap(), ["a", "b"]);
+        assert!(root.exists("f").unwrap() && !root.exists("g").unwrap());
+        let b = root.child("b").unwrap();
+        assert_eq!(b.path(), dir.path().join("b"));
+        assert_eq!(b.list_dirs().unwrap(), ["c"]);
+        for bad in ["..", "../x", "/etc", "", "b/../../x"] {
+            assert!(root.child(bad).is_err(), "{bad:?}");
+            assert!(root.read_small(bad, 10).is_err(), "{bad:?}");
+        }
+        std::os::unix::fs::symlink("/etc", dir.path().join("out")).unwrap();
+        assert!(root.child("out").is_err(), "no folder through a symlink out of the root");
+        std::os::unix::fs::symlink(dir.path().join("a"), dir.path().join("alias")).unwrap();
+        assert_eq!(root.child("alias").unwrap().path(), dir.path().join("alias"), "a symlink inside the root is fine");
+        root.put_create("m", b"1".to_vec()).unwrap();
+        assert!(matches!(root.put_create("m", b"2".to_vec()), Err(Error::AlreadyExists { .. })));
+        assert_eq!(root.read_small("m", 10).unwrap().unwrap(), b"1");
+        root.delete("b").unwrap();
+        root.delete("m").unwrap();
+        root.delete("never-was").unwrap();
+        assert_eq!(root.list_dirs().unwrap(), ["a", "alias", "out"], "folders, symlinked ones included");
+        assert!(!root.exists("m").unwrap());
+        assert!(!root.is_remote());
+    }
+}

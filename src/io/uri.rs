@@ -146,7 +146,7 @@ impl Uri {
         let n = usize::try_from(len).map_err(|_| Error::invalid("len", format!("{len} bytes cannot be read at once")))?;
         match self {
             Uri::File(p) => {
-                let (f, size) = crate::io::open_regular(p)?.ok_or_else(|| Error::NotFound { path: p.clone(), reason: "no such file".into() })?;
+                let (f, size) = crate::io::open_regular(p)?.ok_or_else(|| Error::io(p, std::io::ErrorKind::NotFound.into()))?;
                 if offset.checked_add(len).is_none_or(|end| end > size) {
                     return Err(crate::io::past_end(p, offset, n, size));
                 }
@@ -225,6 +225,10 @@ mod tests {
         }
         std::os::unix::fs::symlink("/etc", dir.path().join("out")).unwrap();
         assert!(root.join("out/passwd").is_err(), "a symlink out of the folder");
+        assert!(root.join("out/none/deeper").is_err(), "also when the rest does not exist");
+        std::fs::create_dir(dir.path().join("in")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("in"), dir.path().join("alias")).unwrap();
+        assert!(root.join("alias/x").is_ok(), "a symlink that stays inside is fine");
         let fifo = dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY (test): a valid NUL-terminated path.

@@ -34,13 +34,7 @@ impl std::str::FromStr for Mode {
     }
 }
 
-/// A strong 64-bit mixer (the SplitMix64 / Stafford variant 13 finaliser).
-#[inline(always)]
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use crate::rng::mix64 as mix;
 
 #[inline(always)]
 fn hash3(seed: u64, a: u64, b: u64) -> u64 {

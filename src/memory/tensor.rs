@@ -105,7 +105,7 @@ impl Tensor {
     /// The elements as a typed slice; errors when `T` is not the tensor's dtype.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         if T::DTYPE != self.dtype {
-            return Err(Error::DtypeMismatch { expected: self.dtype.to_string(), found: T::DTYPE.to_string() });
+            return Err(Error::DtypeMismatch { expected: self.dtype, found: T::DTYPE, what: "typed view of a tensor".into() });
         }
         let p = self.data_ptr();
         if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
@@ -254,7 +254,7 @@ impl RaggedBatch {
         let mut values_bytes = 0usize;
         for (i, r) in records.clone().enumerate() {
             if r.dtype != dtype {
-                return Err(Error::DtypeMismatch { expected: dtype.to_string(), found: format!("{} (record {i})", r.dtype) });
+                return Err(Error::DtypeMismatch { expected: dtype, found: r.dtype, what: format!("record {i}") });
             }
             if r.shape.len() != ndim {
                 return Err(Error::ShapeMismatch { expected: format!("{ndim}-d records"), found: format!("record {i} of shape {:?}", r.shape) });
@@ -458,7 +458,7 @@ impl<'a> TensorView<'a> {
 
     pub(crate) fn typed<T: Element>(&self, what: &str) -> Result<std::borrow::Cow<'a, [T]>> {
         if self.dtype != T::DTYPE {
-            return Err(Error::DtypeMismatch { expected: format!("{} for {what}", T::DTYPE), found: self.dtype.to_string() });
+            return Err(Error::DtypeMismatch { expected: T::DTYPE, found: self.dtype, what: what.to_string() });
         }
         self.check(what)?;
         let n = self.bytes.len() / std::mem::size_of::<T>();
@@ -531,7 +531,7 @@ impl<'a> RaggedInput<'a> {
     pub fn validate_with(&self, dtype: DType, ndim: usize, allow_empty: bool) -> Result<ValidRagged<'a>> {
         let v = &self.values;
         if v.dtype != dtype {
-            return Err(Error::DtypeMismatch { expected: dtype.to_string(), found: v.dtype.to_string() });
+            return Err(Error::DtypeMismatch { expected: dtype, found: v.dtype, what: "store vs input".into() });
         }
         if v.shape.len() != 1 {
             return Err(Error::ShapeMismatch { expected: "1-D values".into(), found: format!("values of shape {:?}", v.shape) });

@@ -146,16 +146,8 @@ impl RecordSource for PythonSource {
         self.len
     }
 
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn layout(&self) -> Layout {
-        self.layout.clone()
-    }
-
-    fn logical(&self) -> Logical {
-        self.logical
+    fn record_type(&self) -> crate::store::RecordType {
+        crate::store::RecordType { dtype: self.dtype, layout: self.layout.clone(), logical: self.logical }
     }
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _options: &ReadOptions) -> Result<Batch> {

@@ -170,60 +170,33 @@ pub fn info_batch(table: &ZrecordTable) -> Result<RecordBatch> {
     let mut cols: [Vec<String>; 7] = Default::default();
     let (mut records, mut shards, mut raw, mut stored, mut files, mut ratio, mut level) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut paths: Vec<String> = vec![];
-    // A multi-part root: each stream's statistics are its parts' together.
-    let mut parts: Vec<crate::store::Dataset> = Vec::new();
-    for p in ds.parts() {
-        parts.push(crate::store::Dataset::open(ds.path().join(&p.path))?);
-    }
-    for (k, s) in ds.streams().iter().enumerate() {
-        let part_stores: Vec<crate::store::Store> = parts.iter().filter_map(|d| d.streams().get(k).and_then(|p| p.store())).collect();
-        let store = s.store().or_else(|| part_stores.first().cloned());
-        let summed = (!part_stores.is_empty()).then(|| {
-            let mut st = part_stores[0].stats();
-            for x in &part_stores[1..] {
-                let o = x.stats();
-                st.record_count += o.record_count;
-                st.raw_bytes += o.raw_bytes;
-                st.stored_bytes += o.stored_bytes;
-                st.file_bytes += o.file_bytes;
-                st.data_shards += o.data_shards;
-            }
-            st
-        });
-        // Sources that are not local stores have no file statistics: zeros, codec "-".
-        let st = summed.or_else(|| store.as_ref().map(|x| x.stats())).unwrap_or(crate::store::StoreStats {
-            record_count: s.source.len(),
-            raw_bytes: 0,
-            stored_bytes: 0,
-            file_bytes: 0,
-            data_shards: 0,
-            level: 0,
-        });
-        let layout = s.layout();
-        let shape = match &layout {
+    for (info, s) in ds.stream_infos()?.into_iter().zip(ds.streams()) {
+        let layout = &info.source.record_type.layout;
+        let shape = match layout {
             Layout::Dense { item_shape } => format!("{item_shape:?}"),
             Layout::Ragged { ndim } => format!("ndim {ndim}"),
         };
         let arrow_type = stream_field(&s.name, s.source.as_ref())?.data_type().to_string();
         for (c, v) in cols.iter_mut().zip([
-            s.name.clone(),
+            info.name.clone(),
             layout.kind_name().to_string(),
-            s.source.dtype().to_string(),
+            info.source.record_type.dtype.to_string(),
             shape,
-            s.logical().name().to_string(),
-            store.as_ref().map(|x| x.codec().name().to_string()).unwrap_or_else(|| "-".into()),
+            info.source.record_type.logical.name().to_string(),
+            info.codec.map(|c| c.name().to_string()).unwrap_or_else(|| "-".into()),
             arrow_type,
         ]) {
             c.push(v);
         }
-        records.push(s.source.len());
+        let st = info.stats;
+        records.push(info.source.len);
         shards.push(st.data_shards);
         raw.push(st.raw_bytes);
         stored.push(st.stored_bytes);
         files.push(st.file_bytes);
         ratio.push(st.compression_ratio());
         level.push(st.level);
-        paths.push(if parts.is_empty() { store.map(|x| x.path().display().to_string()).unwrap_or_else(|| s.source.name()) } else { format!("{} ({} parts)", s.source.name(), parts.len()) });
+        paths.push(info.path);
     }
     let str_col = |v: &Vec<String>| Arc::new(StringArray::from(v.clone())) as ArrayRef;
     let names = ["stream", "kind", "dtype", "shape", "logical", "codec", "arrow_type"];

@@ -117,16 +117,8 @@ impl RecordSource for ConcatSource {
         self.starts[self.parts.len()]
     }
 
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn layout(&self) -> Layout {
-        self.layout.clone()
-    }
-
-    fn logical(&self) -> Logical {
-        self.logical
+    fn record_type(&self) -> crate::store::RecordType {
+        crate::store::RecordType { dtype: self.dtype, layout: self.layout.clone(), logical: self.logical }
     }
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {
@@ -232,15 +224,15 @@ mod tests {
         fn len(&self) -> u64 {
             self.n
         }
-        fn dtype(&self) -> DType {
-            DType::Int64
-        }
-        fn layout(&self) -> Layout {
+
+        fn record_type(&self) -> crate::store::RecordType {
+            crate::store::RecordType { dtype: DType::Int64, layout: {
             if self.ragged {
-                Layout::Ragged { ndim: 1 }
+            Layout::Ragged { ndim: 1 }
             } else {
-                Layout::Dense { item_shape: vec![2] }
+            Layout::Dense { item_shape: vec![2] }
             }
+        }, logical: crate::store::Logical::Tensor }
         }
         fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _: &ReadOptions) -> Result<Batch> {
             ids.validate(self.n, std::path::Path::new("part"))?;

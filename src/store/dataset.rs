@@ -166,6 +166,21 @@ fn store_column_name(path: &Path) -> String {
     path.file_stem().or_else(|| path.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "data".into())
 }
 
+/// A stream described ([`Dataset::stream_infos`]).
+#[derive(Clone, Debug)]
+pub struct StreamInfo {
+    /// The stream's name.
+    pub name: String,
+    /// Its source: name, length, record type.
+    pub source: crate::store::SourceInfo,
+    /// The store's codec (`None` for sources that are not stores).
+    pub codec: Option<crate::store::Codec>,
+    /// Sizes (zeros for sources that are not stores).
+    pub stats: crate::store::StoreStats,
+    /// Where it is (a multi-part root says how many parts).
+    pub path: String,
+}
+
 impl Dataset {
     /// Open a store (one stream named after its folder, extension dropped) or a dataset root.
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
@@ -199,12 +214,7 @@ impl Dataset {
             return Dataset::described(path, &text, |name, rel| Store::open(inside_root(path, &path.join(rel), name)?));
         }
         let streams = if path.is_dir() {
-            let mut dirs: Vec<PathBuf> = fs::read_dir(path)
-                .map_err(|e| Error::io(path, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.join(format::MANIFEST).exists())
-                .collect();
-            dirs.sort();
+            let dirs: Vec<PathBuf> = crate::io::list_dir(path)?.into_iter().map(|e| e.path).filter(|p| p.join(format::MANIFEST).exists()).collect();
             let mut streams = Vec::with_capacity(dirs.len());
             for d in dirs {
                 let store = Store::open(inside_root(path, &d, &store_column_name(&d))?)?;
@@ -403,6 +413,48 @@ impl Dataset {
     /// The parts of a multi-part root, in id order (empty for a root of one part).
     pub fn parts(&self) -> &[PartEntry] {
         &self.parts
+    }
+
+    /// Every stream described: its record type, codec and sizes (a multi-part root's streams
+    /// summed over their parts). What `zrec info` prints and SQL's `zrecord_info()` returns.
+    pub fn stream_infos(&self) -> Result<Vec<StreamInfo>> {
+        let mut parts: Vec<Dataset> = Vec::new();
+        for p in &self.parts {
+            parts.push(Dataset::open(self.path.join(&p.path))?);
+        }
+        let mut out = Vec::with_capacity(self.streams.len());
+        for (k, s) in self.streams.iter().enumerate() {
+            let part_stores: Vec<Store> = parts.iter().filter_map(|d| d.streams().get(k).and_then(|p| p.store())).collect();
+            let store = s.store().or_else(|| part_stores.first().cloned());
+            let summed = (!part_stores.is_empty()).then(|| {
+                let mut st = part_stores[0].stats();
+                for x in &part_stores[1..] {
+                    let o = x.stats();
+                    st.record_count += o.record_count;
+                    st.raw_bytes += o.raw_bytes;
+                    st.stored_bytes += o.stored_bytes;
+                    st.file_bytes += o.file_bytes;
+                    st.data_shards += o.data_shards;
+                }
+                st
+            });
+            // Sources that are not local stores have no file statistics: zeros, no codec.
+            let stats = summed.or_else(|| store.as_ref().map(|x| x.stats())).unwrap_or(crate::store::StoreStats {
+                record_count: s.source.len(),
+                raw_bytes: 0,
+                stored_bytes: 0,
+                file_bytes: 0,
+                data_shards: 0,
+                level: 0,
+            });
+            let path = if parts.is_empty() {
+                store.as_ref().map(|x| x.path().display().to_string()).unwrap_or_else(|| s.source.name())
+            } else {
+                format!("{} ({} parts)", s.source.name(), parts.len())
+            };
+            out.push(StreamInfo { name: s.name.clone(), source: s.source.info(), codec: store.map(|x| x.codec()), stats, path });
+        }
+        Ok(out)
     }
 }
 

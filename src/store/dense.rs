@@ -56,7 +56,7 @@ impl DenseWriter {
     pub fn append(&mut self, batch: &TensorView<'_>) -> Result<()> {
         self.core.check_usable()?;
         if batch.dtype != self.dtype {
-            return Err(Error::DtypeMismatch { expected: self.dtype.to_string(), found: batch.dtype.to_string() });
+            return Err(Error::DtypeMismatch { expected: self.dtype, found: batch.dtype, what: "store vs input".into() });
         }
         if batch.shape.len() != self.item_shape.len() + 1 || batch.shape[1..] != self.item_shape[..] {
             return Err(Error::ShapeMismatch {

@@ -48,6 +48,9 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const MIN_READ_VERSION: u32 = 1;
 /// Manifest file name.
 pub const MANIFEST: &str = "manifest.json";
+
+/// Largest manifest read (a typed error beyond: manifests are small).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Index file name.
 pub const INDEX: &str = "index.bin";
 /// Ragged shapes file name.

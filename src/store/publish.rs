@@ -115,13 +115,7 @@ pub(crate) fn upload_store(src: &Path, dest: &Remote, manifest: &[u8]) -> Result
     }
     let data_dir = fresh_data_dir();
     let files: Vec<PathBuf> = {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(src)
-            .map_err(|e| Error::io(src, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != format::MANIFEST))
-            .collect();
-        v.sort();
-        v
+        crate::io::list_dir(src)?.into_iter().filter(|e| e.is_file && e.name != format::MANIFEST).map(|e| e.path).collect::<Vec<PathBuf>>()
     };
     let result = (|| -> Result<()> {
         // Files in parallel (each upload is itself concurrent above 8 MiB).
@@ -164,17 +158,12 @@ pub(crate) fn upload_published(src: &Path, dest: &Remote, manifest_name: &str, m
     }
     // A dataset root: every sub-folder holding a store is published as a store, then the
     // dataset file. On failure the streams published here are removed again.
-    let mut subs: Vec<PathBuf> = std::fs::read_dir(src)
-        .map_err(|e| Error::io(src, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join(format::MANIFEST).is_file())
-        .collect();
-    subs.sort();
+    let subs: Vec<PathBuf> = crate::io::list_dir(src)?.into_iter().map(|e| e.path).filter(|p| p.join(format::MANIFEST).is_file()).collect();
     let mut done: Vec<Remote> = Vec::new();
     let result = (|| -> Result<()> {
         for s in &subs {
             let name = s.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let m = std::fs::read(s.join(format::MANIFEST)).map_err(|e| Error::io(s, e))?;
+            let m = crate::io::read_bounded(&s.join(format::MANIFEST), format::MAX_MANIFEST_BYTES)?;
             let sub = dest.join(&name);
             upload_store(s, &sub, &m)?;
             done.push(sub);

@@ -14,12 +14,12 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::io::{ByteSource, Hint, Location};
 use crate::store::writer::source_hash_hex;
+use crate::store::residency::Residency;
 use crate::store::codec::{Codec, DecodeContext, Decoder};
 use crate::store::format::{self, IndexEntry, Kind, Manifest, ENTRY_BYTES, HEADER_BYTES};
 use crate::store::writer::file_hash_hex;
 
 /// Largest manifest accepted (a manifest lists at most 258 files: a few KiB).
-const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest dictionary accepted.
 pub(crate) const MAX_DICTIONARY_BYTES: u64 = 64 << 20;
 
@@ -58,7 +58,7 @@ fn prefetch_line(p: *const u8) {
 }
 
 /// `WILLNEED` for sorted byte ranges of `f`, ranges on the same or adjacent pages merged.
-fn advise_merged(f: &StoreFile, ranges: impl Iterator<Item = (u64, u64)>) {
+pub(crate) fn advise_merged(f: &StoreFile, ranges: impl Iterator<Item = (u64, u64)>) {
     const PAGE: u64 = 4096;
     let mut cur: Option<(u64, u64)> = None;
     for (a, z) in ranges {
@@ -217,37 +217,6 @@ pub(crate) struct StoreCore {
     pub(crate) remote: bool,
 }
 
-/// How a store's gathers meet storage. Gathers from a mapping that is not in the page cache
-/// fault one page at a time per thread (queue depth 2 on two cores, plus the kernel's
-/// read-around of pages nobody asked for). A gather far slower than memory switches the store
-/// to cold mode: from then on each gather first asks the kernel for every page it needs — the
-/// index entries (and shape rows) of all its ids, then all its records' bytes — in one burst
-/// of `WILLNEED` hints, so the device works at the queue depth of the batch, and page faults
-/// stop reading around, and records are read with positional reads (one wait per record instead
-/// of one page fault per page). When a few records of a batch probe resident (`mincore`), the
-/// data is back in memory and the store leaves cold mode.
-#[derive(Default)]
-pub(crate) struct Residency {
-    pub(crate) cold: std::sync::atomic::AtomicBool,
-    random_set: std::sync::atomic::AtomicBool,
-    /// Bound on bytes gathered between two releases of the mapped pages (0: none).
-    pub(crate) max_mapped: AtomicU64,
-    since_release: AtomicU64,
-    /// Times the mapped pages were released (for tests and metrics).
-    pub(crate) releases: AtomicU64,
-}
-
-/// A gather slower than `COLD_FACTOR` times this estimate of a memory-speed gather (per record
-/// plus per byte) is reading from storage.
-const WARM_NS_PER_RECORD: u64 = 500;
-const WARM_BYTES_PER_NS: u64 = 2;
-const COLD_FACTOR: u64 = 8;
-/// ... and slower than this (a thread preempted for a moment is not storage).
-const COLD_MIN_NS: u64 = 200_000;
-/// Records of a cold batch probed for residency (`mincore`), and bytes of each.
-const PROBES: usize = 4;
-const PROBE_BYTES: u64 = 64 << 10;
-
 /// What the manifest says, checked: the parts of a [`StoreCore`] that need no file but it.
 struct Described {
     dtype: DType,
@@ -261,7 +230,7 @@ struct Described {
 fn read_manifest(loc: &dyn Location) -> Result<Manifest> {
     let path = loc.path();
     let mpath = path.join(format::MANIFEST);
-    match loc.read_small(format::MANIFEST, MAX_MANIFEST_BYTES)? {
+    match loc.read_small(format::MANIFEST, format::MAX_MANIFEST_BYTES)? {
         Some(bytes) => Manifest::from_bytes(&bytes, &mpath),
         None => Err(Error::NotFound { path: path.to_path_buf(), reason: "no manifest.json (not a published zrecord store)".into() }),
     }
@@ -507,50 +476,10 @@ impl StoreCore {
     }
 
     /// Every file of the store.
-    fn files(&self) -> impl Iterator<Item = &StoreFile> {
+    pub(crate) fn files(&self) -> impl Iterator<Item = &StoreFile> {
         std::iter::once(&self.index).chain(self.shapes.iter()).chain(self.shards.iter())
     }
 
-    /// In cold mode, ask the kernel for every page a gather of `ids` will touch, all at once
-    /// (see [`Residency`]). Does nothing otherwise.
-    pub(crate) fn prefetch_cold(&self, ids: crate::store::Ids<'_>) {
-        if !self.residency.cold.load(Ordering::Relaxed) || ids.is_empty() || self.remote {
-            return;
-        }
-        let n = ids.len();
-        // Back in memory (a later epoch, or the page cache grew)? Probe a few records of the
-        // batch: all resident leaves cold mode before paying for hints and system calls.
-        let probe = |k: usize| -> Option<bool> {
-            let e = self.entry(ids.get(k)).ok()?;
-            self.shards.get(e.shard as usize)?.source().resident(e.offset, (e.stored_len as u64).min(PROBE_BYTES))
-        };
-        let probes = n.min(PROBES);
-        if (0..probes).all(|j| probe(j * n / probes) == Some(true)) {
-            self.residency.cold.store(false, Ordering::Relaxed);
-            return;
-        }
-        let rows = |f: &StoreFile, row: usize| {
-            let mut at: Vec<u64> = (0..n).map(|k| (HEADER_BYTES + ids.get(k) as usize * row) as u64).collect();
-            at.sort_unstable();
-            advise_merged(f, at.into_iter().map(|a| (a, a + row as u64)));
-        };
-        rows(&self.index, ENTRY_BYTES);
-        if let Some(sh) = &self.shapes {
-            rows(sh, self.ndim * 8);
-        }
-        // The entries' pages are on their way: read them (waiting for those pages only) and
-        // ask for the records, per shard, adjacent ranges merged.
-        let mut ranges: Vec<(u16, u64, u64)> = Vec::with_capacity(n);
-        for k in 0..n {
-            if let Ok(e) = self.entry(ids.get(k)) {
-                ranges.push((e.shard, e.offset, e.offset.saturating_add(e.stored_len as u64)));
-            }
-        }
-        ranges.sort_unstable();
-        for (i, shard) in self.shards.iter().enumerate() {
-            advise_merged(shard, ranges.iter().filter(|r| r.0 as usize == i).map(|r| (r.1, r.2)));
-        }
-    }
 
     /// For a store on an object store, fetch everything a gather of `ids` reads, before it
     /// reads: the index pages (and shape rows) of the ids, then the records' byte ranges, each
@@ -587,39 +516,6 @@ impl StoreCore {
             staged.absorb(p);
         }
         Ok(Some(staged))
-    }
-
-    /// After a gather's reads of `records` records, `bytes` bytes, took `elapsed` (hints not
-    /// counted): switch cold mode on or off, and release mapped pages past the residency bound.
-    pub(crate) fn observe(&self, records: usize, bytes: usize, elapsed: std::time::Duration) {
-        let r = &self.residency;
-        if records == 0 || self.remote {
-            return;
-        }
-        let warm_ns = records as u64 * WARM_NS_PER_RECORD + bytes as u64 / WARM_BYTES_PER_NS;
-        let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
-        // Slow reads switch cold mode on (and, once, read-around off: from then on this
-        // store's pages come in by explicit hints); `prefetch_cold` switches it off.
-        if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) && !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
-            for f in self.files() {
-                f.source().advise(Hint::Random, 0, f.len());
-            }
-        }
-        let max = r.max_mapped.load(Ordering::Relaxed);
-        if max > 0 && r.since_release.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64 > max {
-            r.since_release.store(0, Ordering::Relaxed);
-            self.release_pages(false);
-        }
-    }
-
-    /// Drop this process's mapped pages of every file (they refault from the page cache or
-    /// the file on the next read); with `evict`, also ask the kernel to drop the files from the
-    /// page cache (what a benchmark of cold reads does before each batch).
-    pub(crate) fn release_pages(&self, evict: bool) {
-        self.residency.releases.fetch_add(1, Ordering::Relaxed);
-        for f in self.files() {
-            f.source().advise(if evict { Hint::Evict } else { Hint::Release }, 0, f.len());
-        }
     }
 
     /// Hint the CPU to start loading record `id` (mapped shards only): every line of a small

@@ -9,7 +9,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use zrecord::prelude::*;
-//! use zrecord::store::{Batch, Layout, ReadOptions, RecordSource, SourceView};
+//! use zrecord::store::{Batch, ReadOptions, RecordSource, RecordType, SourceView};
 //!
 //! /// Record `i` is the int64 scalar `i * i`: a source computed on the fly.
 //! #[derive(Debug)]
@@ -18,8 +18,7 @@
 //! impl RecordSource for Squares {
 //!     fn name(&self) -> String { "squares".into() }
 //!     fn len(&self) -> u64 { self.0 }
-//!     fn dtype(&self) -> DType { DType::Int64 }
-//!     fn layout(&self) -> Layout { Layout::Dense { item_shape: vec![] } }
+//!     fn record_type(&self) -> RecordType { RecordType::dense(DType::Int64, vec![]) }
 //!     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _: &ReadOptions) -> Result<Batch> {
 //!         ids.validate(self.0, std::path::Path::new("squares"))?;
 //!         let v: Vec<i64> = (0..ids.len()).map(|k| (ids.get(k) * ids.get(k)) as i64).collect();
@@ -41,8 +40,55 @@ use crate::store::format::Logical;
 use crate::store::gather::Ids;
 use crate::store::Store;
 
+/// What a source's records are: one description for every kind of source, serialisable (it
+/// travels in dataset manifests, distributed shard announcements and `info` output).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct RecordType {
+    /// Element type.
+    pub dtype: DType,
+    /// Record shape.
+    pub layout: Layout,
+    /// What the records mean.
+    #[serde(default)]
+    pub logical: Logical,
+}
+
+impl RecordType {
+    /// Dense records of `item_shape` tensors.
+    pub fn dense(dtype: DType, item_shape: Vec<usize>) -> RecordType {
+        RecordType { dtype, layout: Layout::Dense { item_shape }, logical: Logical::Tensor }
+    }
+
+    /// Ragged records of `ndim` dimensions.
+    pub fn ragged(dtype: DType, ndim: usize) -> RecordType {
+        RecordType { dtype, layout: Layout::Ragged { ndim }, logical: Logical::Tensor }
+    }
+}
+
+impl std::fmt::Display for RecordType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.logical {
+            Logical::Tensor => write!(f, "{} {}", self.dtype, self.layout),
+            other => write!(f, "{other} ({} {})", self.dtype, self.layout),
+        }
+    }
+}
+
+/// A source's name, length and record type ([`RecordSource::info`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceInfo {
+    /// Path, URL or description.
+    pub name: String,
+    /// Number of records.
+    pub len: u64,
+    /// What the records are.
+    #[serde(flatten)]
+    pub record_type: RecordType,
+}
+
 /// The shape of a source's records.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Layout {
     /// Every record has this shape (`[]`: scalars).
     Dense {
@@ -191,15 +237,29 @@ pub trait RecordSource: Send + Sync + std::fmt::Debug {
         self.len() == 0
     }
 
+    /// What the records are: element type, shape, meaning (one description for every source;
+    /// `dtype`, `layout` and `logical` read it).
+    fn record_type(&self) -> RecordType;
+
     /// Element type.
-    fn dtype(&self) -> DType;
+    fn dtype(&self) -> DType {
+        self.record_type().dtype
+    }
 
     /// Record shape.
-    fn layout(&self) -> Layout;
+    fn layout(&self) -> Layout {
+        self.record_type().layout
+    }
 
     /// What the records mean (`utf8` / `binary` for uint8 ndim-1 ragged byte strings).
     fn logical(&self) -> Logical {
-        Logical::Tensor
+        self.record_type().logical
+    }
+
+    /// Name, length and record type in one value (what `zrec info` and Python's `info()`
+    /// print; serialisable).
+    fn info(&self) -> SourceInfo {
+        SourceInfo { name: self.name(), len: self.len(), record_type: self.record_type() }
     }
 
     /// Records `ids`, in order, into `allocator`.
@@ -316,16 +376,8 @@ impl RecordSource for WithLogical {
         self.inner.len()
     }
 
-    fn dtype(&self) -> DType {
-        self.inner.dtype()
-    }
-
-    fn layout(&self) -> Layout {
-        self.inner.layout()
-    }
-
-    fn logical(&self) -> Logical {
-        self.logical
+    fn record_type(&self) -> crate::store::RecordType {
+        crate::store::RecordType { dtype: self.inner.dtype(), layout: self.inner.layout(), logical: self.logical }
     }
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, options: &ReadOptions) -> Result<Batch> {

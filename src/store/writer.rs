@@ -114,7 +114,7 @@ struct HashedFile {
 
 impl HashedFile {
     fn create(path: PathBuf, header: &[u8]) -> Result<HashedFile> {
-        let f = File::create_new(&path).map_err(|e| Error::io(&path, e))?;
+        let f = crate::io::create_new(&path)?;
         let mut h = HashedFile { path, out: BufWriter::with_capacity(1 << 20, f), hasher: XxHash3_64::with_seed(0), bytes: 0 };
         h.write(header)?;
         Ok(h)

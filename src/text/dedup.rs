@@ -30,17 +30,25 @@ type HashSet64 = HashSet<u64, BuildHasherDefault<IdHasher>>;
 /// A sorted run of spilled hashes, mapped.
 #[derive(Debug)]
 struct Run {
-    map: memmap2::Mmap,
+    /// The run file, mapped (through the guarded mapping every local file read uses).
+    map: crate::io::Mapped,
     path: PathBuf,
 }
 
 impl Run {
+    /// The run's bytes: sorted little-endian u64 hashes.
+    fn words(&self) -> &[u8] {
+        use crate::io::ByteSource;
+        self.map.as_slice().unwrap_or(&[])
+    }
+
     fn contains(&self, h: u64) -> bool {
-        let n = self.map.len() / 8;
+        let words = self.words();
+        let n = words.len() / 8;
         let (mut lo, mut hi) = (0usize, n);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let v = u64::from_le_bytes(self.map[mid * 8..mid * 8 + 8].try_into().unwrap_or([0; 8]));
+            let v = u64::from_le_bytes(words[mid * 8..mid * 8 + 8].try_into().unwrap_or([0; 8]));
             match v.cmp(&h) {
                 std::cmp::Ordering::Equal => return true,
                 std::cmp::Ordering::Less => lo = mid + 1,
@@ -89,9 +97,9 @@ impl ExactDedup {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         // Spill runs are caches of the log: rebuilt below.
-        for e in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
-            let p = e.map_err(|e| io(&dir, e))?.path();
-            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("run-") && n.ends_with(".bin")) {
+        for e in crate::io::list_dir(&dir)? {
+            let p = e.path;
+            if e.name.starts_with("run-") && e.name.ends_with(".bin") {
                 std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
             }
         }
@@ -209,9 +217,10 @@ impl ExactDedup {
             bytes.extend_from_slice(&h.to_le_bytes());
         }
         f.write_all(&bytes).map_err(|e| io(&path, e))?;
-        // SAFETY: the run file was just written by us and is never modified or truncated while
-        // mapped (runs are removed only when the set is reopened or merged, after unmapping).
-        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| io(&path, e))?;
+        drop(f);
+        // The run file was just written by us and is never modified or truncated while mapped
+        // (runs are removed only when the set is reopened or merged, after unmapping).
+        let map = crate::io::Mapped::open(path.clone(), bytes.len() as u64)?;
         self.runs.push(Run { map, path });
         if self.runs.len() > 8 {
             self.merge_runs(&dir)?;
@@ -223,7 +232,7 @@ impl ExactDedup {
     fn merge_runs(&mut self, dir: &Path) -> Result<()> {
         let mut all: Vec<u64> = Vec::new();
         for r in &self.runs {
-            all.extend(r.map.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))));
+            all.extend(r.words().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))));
         }
         all.sort_unstable();
         all.dedup();
@@ -233,8 +242,8 @@ impl ExactDedup {
         let mut f = crate::io::open_state(&path, true)?;
         let bytes: Vec<u8> = all.iter().flat_map(|h| h.to_le_bytes()).collect();
         f.write_all(&bytes).map_err(|e| io(&path, e))?;
-        // SAFETY: as in `maybe_spill`.
-        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| io(&path, e))?;
+        drop(f);
+        let map = crate::io::Mapped::open(path.clone(), bytes.len() as u64)?;
         self.runs.push(Run { map, path });
         for p in old {
             std::fs::remove_file(&p).map_err(|e| io(&p, e))?;

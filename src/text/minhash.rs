@@ -35,13 +35,7 @@ use crate::text::tensor::xxh3;
 
 const MERSENNE61: u64 = (1 << 61) - 1;
 
-/// The SplitMix64 output for `seed` at step `i`.
-pub fn splitmix64(seed: u64, i: u64) -> u64 {
-    let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use crate::rng::splitmix64;
 
 /// What a shingle is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -294,16 +294,19 @@ mod tests {
         let k = kernel(DType::UInt16, DType::Float32).unwrap();
         let src: Vec<u16> = vec![0, 1, 65535, 300];
         let mut dst = vec![0f32; 4];
+        // SAFETY: `src` holds 4 u16 and `dst` 4 f32: the kernel reads and writes 4 elements.
         unsafe { k(src.as_ptr().cast(), dst.as_mut_ptr().cast(), 4) };
         assert_eq!(dst, vec![0.0, 1.0, 65535.0, 300.0]);
         let k = kernel(DType::Float32, DType::BFloat16).unwrap();
         let src = [1.0f32, -2.5, 1.3125];
         let mut dst = [bf16::ZERO; 3];
+        // SAFETY: 3 f32 in, 3 bf16 out, as the kernel's types.
         unsafe { k(src.as_ptr().cast(), dst.as_mut_ptr().cast(), 3) };
         assert_eq!(dst, [bf16::from_f32(1.0), bf16::from_f32(-2.5), bf16::from_f32(1.3125)]);
         let k = kernel(DType::Int16, DType::Int64).unwrap();
         let src = [-5i16, 7];
         let mut dst = [0i64; 2];
+        // SAFETY: 2 i16 in, 2 i64 out, as the kernel's types.
         unsafe { k(src.as_ptr().cast(), dst.as_mut_ptr().cast(), 2) };
         assert_eq!(dst, [-5, 7]);
         for (s, d) in [(DType::UInt16, DType::Int16), (DType::Float32, DType::Int32), (DType::Int32, DType::UInt32), (DType::Complex64, DType::Float32)] {
@@ -315,10 +318,12 @@ mod tests {
     fn fill_repeat_writes_every_element() {
         for n in [0usize, 1, 3, 64, 1000] {
             let mut out = vec![0u8; n * 4 + 4];
+            // SAFETY: `out` has room for n 4-byte elements (and 4 more bytes, checked untouched).
             unsafe { fill_repeat(out.as_mut_ptr(), n, &0x0102_0304u32.to_ne_bytes()) };
             assert!(out[..n * 4].chunks(4).all(|c| c == 0x0102_0304u32.to_ne_bytes()));
             assert_eq!(&out[n * 4..], &[0, 0, 0, 0], "wrote past the end for n = {n}");
             let mut same = vec![0u8; n * 2];
+            // SAFETY: `same` holds exactly n 2-byte elements.
             unsafe { fill_repeat(same.as_mut_ptr(), n, &[9, 9]) };
             assert!(same.iter().all(|&b| b == 9));
         }
@@ -332,9 +337,11 @@ mod tests {
         let rows = [Run { src: 2, dst: 0, len: 1 }, Run { src: 0, dst: 1, len: 1 }];
         let cols = [Run { src: 1, dst: 0, len: 2 }, Run { src: 3, dst: 2, len: 1 }];
         let k = kernel(DType::UInt8, DType::UInt8).unwrap();
+        // SAFETY: the runs stay inside the 3x4 source and the 2x3 output (1-byte elements).
         unsafe { scatter(k, None, src.as_ptr(), 1, &strides(&[3, 4]), out.as_mut_ptr(), 1, &strides(&[2, 3]), &[&rows, &cols]) };
         assert_eq!(out, vec![9, 10, 11, 1, 2, 3]);
         let mut out2 = vec![0u16; 6];
+        // SAFETY: the runs stay inside the 2x3 u16 output.
         unsafe { fill_runs(&7u16.to_ne_bytes(), out2.as_mut_ptr().cast(), &strides(&[2, 3]), &[&rows[..1], &cols]) };
         assert_eq!(out2, vec![7, 7, 7, 0, 0, 0]);
     }

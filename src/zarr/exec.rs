@@ -17,7 +17,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::{numel, Allocation, Allocator, Tensor};
 use crate::zarr::cast::{convert_one, fill_repeat, fill_runs, kernel, scatter, strides, Kernel, OutPtr};
-use crate::zarr::meta::{index_shape, ArrayMeta, FastDecode, Layout, Location};
+use crate::io::Uri;
+use crate::zarr::meta::{index_shape, ArrayMeta, ChunkLayout, FastDecode};
 use crate::zarr::query::{runs_by_chunk, Query, Run};
 
 /// Cache sizes (entries).
@@ -253,7 +254,7 @@ struct ChunkJob {
 
 /// One read: an object's byte range (whole object when `range` is `None`) holding chunks.
 struct ReadTask {
-    location: Location,
+    location: Uri,
     range: Option<(u64, u64)>,
     /// (job, offset in the read, encoded length).
     chunks: Vec<(usize, u64, u64)>,
@@ -391,7 +392,7 @@ impl Assembler {
                 None => common = Some((out_dtype, sshape.clone())),
                 Some((d, s)) => {
                     if shape.is_none() && dtype.is_none() && *d != out_dtype {
-                        return Err(ctx(Error::DtypeMismatch { expected: d.to_string(), found: meta.dtype.to_string() }));
+                        return Err(ctx(Error::DtypeMismatch { expected: *d, found: meta.dtype, what: "samples disagree on their dtype; pass dtype= to cast".into() }));
                     }
                     if dtype.is_some() {
                         *d = out_dtype;
@@ -525,8 +526,8 @@ impl Assembler {
         for &j in todo {
             let job = &jobs[j];
             match &job.meta.layout {
-                Layout::Chunked { .. } => tasks.push(ReadTask { location: job.meta.object(&job.coords), range: None, chunks: vec![(j, 0, 0)] }),
-                Layout::Sharded { per_shard, .. } => {
+                ChunkLayout::Chunked { .. } => tasks.push(ReadTask { location: job.meta.object(&job.coords), range: None, chunks: vec![(j, 0, 0)] }),
+                ChunkLayout::Sharded { per_shard, .. } => {
                     let shard: Vec<u64> = job.coords.iter().zip(per_shard).map(|(c, p)| c / p).collect();
                     shards.entry((job.meta.id, shard)).or_default().push(j);
                 }
@@ -574,7 +575,7 @@ impl Assembler {
         for k in keys {
             let members = &shards[&k];
             let meta = &jobs[members[0]].meta;
-            let Layout::Sharded { per_shard, .. } = &meta.layout else { continue };
+            let ChunkLayout::Sharded { per_shard, .. } = &meta.layout else { continue };
             let ix = &found[&k];
             let Some(entries) = &ix.entries else {
                 fills.extend_from_slice(members);
@@ -620,7 +621,7 @@ impl Assembler {
     }
 
     fn load_index(&self, meta: &ArrayMeta, shard: &[u64]) -> Result<ShardIndex> {
-        let Layout::Sharded { per_shard, index, index_at_start, index_size, .. } = &meta.layout else {
+        let ChunkLayout::Sharded { per_shard, index, index_at_start, index_size, .. } = &meta.layout else {
             return Err(Error::invalid("layout", "not sharded"));
         };
         let loc = meta.object(shard);
@@ -716,8 +717,8 @@ impl Assembler {
                 FastDecode::Zstd => Cow::Owned(zstd_decode(encoded, size).map_err(|e| codec_err(e.to_string()))?),
                 FastDecode::None => {
                     let codecs = match &meta.layout {
-                        Layout::Chunked { codecs } => codecs,
-                        Layout::Sharded { inner, .. } => inner,
+                        ChunkLayout::Chunked { codecs } => codecs,
+                        ChunkLayout::Sharded { inner, .. } => inner,
                     };
                     let arr = meta.zarrs_array();
                     let shape = meta.chunk_shape_nz();

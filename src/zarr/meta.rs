@@ -15,15 +15,14 @@ use zarrs::metadata::v3::MetadataV3;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Where an array's bytes live: a local folder or an object-store prefix (see [`crate::io::Uri`]).
-pub use crate::io::Uri as Location;
+use crate::io::Uri;
 
 /// Largest metadata document read (`zarr.json`, `.zarray`, `.zattrs`).
 pub const MAX_METADATA_BYTES: u64 = 64 << 20;
 
 /// How an array's chunks are stored.
 #[derive(Clone, Debug)]
-pub enum Layout {
+pub enum ChunkLayout {
     /// One object per chunk, decoded by `codecs`.
     Chunked {
         /// The chunk codec chain.
@@ -84,7 +83,7 @@ pub struct ArrayMeta {
     /// The URI as given (messages).
     pub uri: String,
     /// The array folder.
-    pub location: Location,
+    pub location: Uri,
     /// Zarr format (2 or 3).
     pub zarr_format: u8,
     /// Array shape.
@@ -96,7 +95,7 @@ pub struct ArrayMeta {
     /// The unit read and decoded: the chunk, or the inner chunk of a sharded array.
     pub read_chunk: Vec<u64>,
     /// Storage layout.
-    pub layout: Layout,
+    pub layout: ChunkLayout,
     /// The read chunk's fast decode path.
     pub fast: FastDecode,
     /// For chunk keys (the metadata's chunk grid: chunks, or shards when sharded).
@@ -156,12 +155,12 @@ impl ArrayMeta {
     /// Open the array at `uri`; a group with NGFF `multiscales` picks `datasets[level]` (level
     /// 0 when `None`).
     pub fn open(uri: &str, level: Option<usize>) -> Result<ArrayMeta> {
-        let root = Location::parse(uri)?;
+        let root = Uri::parse(uri)?;
         let (location, metadata) = resolve(uri, &root, level)?;
         Self::from_metadata(uri, location, metadata)
     }
 
-    fn from_metadata(uri: &str, location: Location, metadata: ArrayMetadata) -> Result<ArrayMeta> {
+    fn from_metadata(uri: &str, location: Uri, metadata: ArrayMetadata) -> Result<ArrayMeta> {
         let zarr_format = match &metadata {
             ArrayMetadata::V3(_) => 3,
             ArrayMetadata::V2(_) => 2,
@@ -248,9 +247,9 @@ impl ArrayMeta {
                     "end" => false,
                     other => return Err(field_error(uri, "codecs[sharding_indexed].configuration.index_location", format!("'{other}' (start or end)"))),
                 };
-                (Layout::Sharded { shard_shape: grid_shape.clone(), per_shard, inner: Arc::new(inner), index: Arc::new(index), index_at_start, index_size }, cfg.chunk_shape)
+                (ChunkLayout::Sharded { shard_shape: grid_shape.clone(), per_shard, inner: Arc::new(inner), index: Arc::new(index), index_at_start, index_size }, cfg.chunk_shape)
             }
-            _ => (Layout::Chunked { codecs: keys.codecs() }, grid_shape),
+            _ => (ChunkLayout::Chunked { codecs: keys.codecs() }, grid_shape),
         };
         let (layout, read_chunk) = layout;
         let chunk_bytes = read_chunk.iter().try_fold(dtype.size() as u64, |a, &c| a.checked_mul(c));
@@ -258,19 +257,19 @@ impl ArrayMeta {
             return Err(field_error(uri, "chunk_grid", format!("chunk shape {read_chunk:?} is absurdly large")));
         }
         let fast = match &layout {
-            Layout::Chunked { codecs } => fast_decode(codecs, dtype),
-            Layout::Sharded { inner, .. } => fast_decode(inner, dtype),
+            ChunkLayout::Chunked { codecs } => fast_decode(codecs, dtype),
+            ChunkLayout::Sharded { inner, .. } => fast_decode(inner, dtype),
         };
         Ok(ArrayMeta { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), uri: uri.to_string(), location, zarr_format, shape, dtype, fill, read_chunk, layout, fast, keys })
     }
 
     /// True when the array is sharded.
     pub fn is_sharded(&self) -> bool {
-        matches!(self.layout, Layout::Sharded { .. })
+        matches!(self.layout, ChunkLayout::Sharded { .. })
     }
 
     /// The object holding chunk (unsharded) or shard (sharded) `grid` indices.
-    pub fn object(&self, grid: &[u64]) -> Location {
+    pub fn object(&self, grid: &[u64]) -> Uri {
         let key = self.keys.chunk_key(grid);
         // Keys built here from grid indices (digits, the encoding's separator): no lookup
         // per component is needed to keep them inside the array.
@@ -309,7 +308,7 @@ pub(crate) fn index_shape(per_shard: &[u64]) -> Result<Vec<NonZeroU64>> {
 }
 
 /// Find the array node at `root` (following NGFF multiscales in a group) and parse it.
-fn resolve(uri: &str, root: &Location, level: Option<usize>) -> Result<(Location, ArrayMetadata)> {
+fn resolve(uri: &str, root: &Uri, level: Option<usize>) -> Result<(Uri, ArrayMetadata)> {
     let mut loc = root.clone();
     for _ in 0..4 {
         if let Some(bytes) = loc.join("zarr.json")?.read_all(MAX_METADATA_BYTES)? {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::Allocator;
-use crate::sample::SplitMix64;
+use crate::rng::SplitMix64;
 use crate::store::{Batch, Ids, Layout, ReadOptions, RecordSource};
 use crate::zarr::exec::Assembler;
 use crate::zarr::meta::ArrayMeta;
@@ -126,12 +126,8 @@ impl RecordSource for CropSource {
         }
     }
 
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn layout(&self) -> Layout {
-        Layout::Dense { item_shape: self.shape.clone() }
+    fn record_type(&self) -> crate::store::RecordType {
+        crate::store::RecordType { dtype: self.dtype, layout: Layout::Dense { item_shape: self.shape.clone() }, logical: crate::store::Logical::Tensor }
     }
 
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _options: &ReadOptions) -> Result<Batch> {

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! different bytes than were written.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! names the file and the cause, and leftovers are found and removed by `zrec gc`'s code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -206,7 +206,7 @@ fn killed_at_random_points_never_publishes_half_a_store() {
         // How long one write takes in this build (sanitizers and debug builds are several times
         // slower): kills are spread over one and a half of them.
         let one_write_us = {
-            let (mut child, mut out) = common::spawn_helper("helper_repeated_writer", (CHILD_ENV, format!("{mode}:{}", dir.path().display())));
+            let (mut child, mut out) = common::spawn_helper("faults::helper_repeated_writer", (CHILD_ENV, format!("{mode}:{}", dir.path().display())));
             let mut line = String::new();
             let mut started = None;
             while out.read_line(&mut line).unwrap() > 0 {
@@ -229,7 +229,7 @@ fn killed_at_random_points_never_publishes_half_a_store() {
         let mut killed_mid_write = 0;
         let mut k = 0;
         while k < kills {
-            let (mut child, mut out) = common::spawn_helper("helper_repeated_writer", (CHILD_ENV, format!("{mode}:{}", dir.path().display())));
+            let (mut child, mut out) = common::spawn_helper("faults::helper_repeated_writer", (CHILD_ENV, format!("{mode}:{}", dir.path().display())));
             let mut line = String::new();
             // Wait for the first write to start, then kill at a random moment of the next few.
             while out.read_line(&mut line).unwrap() > 0 && !line.contains("start") {
@@ -381,7 +381,7 @@ fn one_eio_at_every_write_and_fsync_fails_cleanly() {
                     ("ZRECORD_EIO", format!("{op}:{pattern}:{n}")),
                     ("LD_PRELOAD", shim.display().to_string()),
                 ];
-                let (mut child, mut out) = common::spawn_helper_with("helper_eio_writer", &envs);
+                let (mut child, mut out) = common::spawn_helper_with("faults::helper_eio_writer", &envs);
                 let mut text = String::new();
                 std::io::Read::read_to_string(&mut out, &mut text).unwrap();
                 assert!(child.wait().unwrap().success(), "{mode} {op} {pattern} #{n}: child failed: {text}");

@@ -1,7 +1,7 @@
 //! Property tests: random shapes, lengths, batch splits, shard counts and codecs round trip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use proptest::prelude::*;

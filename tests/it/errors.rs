@@ -1,7 +1,7 @@
 //! Every validation error is typed and names the problem; a rejected append writes nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+
 
 use zrecord::prelude::*;
 

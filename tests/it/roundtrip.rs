@@ -1,7 +1,7 @@
 //! Round trips of every dtype and codec, dense and ragged, against naive references.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use rstest::rstest;

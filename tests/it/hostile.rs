@@ -3,7 +3,7 @@
 //! transform. Each is a typed error (or correct data), never a crash, a hang or other bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -34,11 +34,9 @@ impl RecordSource for Runs {
     fn len(&self) -> u64 {
         self.n
     }
-    fn dtype(&self) -> DType {
-        DType::Int32
-    }
-    fn layout(&self) -> Layout {
-        Layout::Ragged { ndim: 1 }
+
+    fn record_type(&self) -> zrecord::store::RecordType {
+        zrecord::store::RecordType { dtype: DType::Int32, layout: Layout::Ragged { ndim: 1 }, logical: zrecord::store::Logical::Tensor }
     }
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _: &ReadOptions) -> Result<Batch> {
         ids.validate(self.n, Path::new("runs"))?;
@@ -62,11 +60,9 @@ impl RecordSource for Pairs {
     fn len(&self) -> u64 {
         self.n
     }
-    fn dtype(&self) -> DType {
-        DType::Float32
-    }
-    fn layout(&self) -> Layout {
-        Layout::Dense { item_shape: vec![2] }
+
+    fn record_type(&self) -> zrecord::store::RecordType {
+        zrecord::store::RecordType { dtype: DType::Float32, layout: Layout::Dense { item_shape: vec![2] }, logical: zrecord::store::Logical::Tensor }
     }
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _: &ReadOptions) -> Result<Batch> {
         ids.validate(self.n, Path::new("pairs"))?;
@@ -165,11 +161,9 @@ impl RecordSource for Liar {
     fn len(&self) -> u64 {
         10
     }
-    fn dtype(&self) -> DType {
-        DType::Float32
-    }
-    fn layout(&self) -> Layout {
-        Layout::Dense { item_shape: vec![3] }
+
+    fn record_type(&self) -> zrecord::store::RecordType {
+        zrecord::store::RecordType { dtype: DType::Float32, layout: Layout::Dense { item_shape: vec![3] }, logical: zrecord::store::Logical::Tensor }
     }
     fn gather(&self, ids: Ids<'_>, allocator: &Allocator, _: &ReadOptions) -> Result<Batch> {
         // Wrong item shape: a broken source must give an error, not a wrong column.

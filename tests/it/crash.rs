@@ -1,7 +1,7 @@
 //! A writer process killed mid-write leaves no openable store and the destination free.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 
@@ -28,7 +28,7 @@ fn helper_writer_that_gets_killed() {
 fn killed_writer_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
-    let (mut child, mut out) = common::spawn_helper("helper_writer_that_gets_killed", (CHILD_ENV, path.display().to_string()));
+    let (mut child, mut out) = common::spawn_helper("crash::helper_writer_that_gets_killed", (CHILD_ENV, path.display().to_string()));
     let mut line = String::new();
     loop {
         line.clear();

@@ -3,7 +3,7 @@
 //! fresh folder per file for COPY outputs).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+
 
 use std::path::{Path, PathBuf};
 
