@@ -566,8 +566,9 @@ mod tests {
         // reading would block until a writer appears; a device never ends).
         let fifo = dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY (test): a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // SAFETY: (test) a valid NUL-terminated path.
+        let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(made, 0);
         assert!(matches!(folder.read_small("fifo", 100), Err(Error::Corrupt { .. })));
         assert!(matches!(Mapped::open(fifo.clone(), 0), Err(Error::Corrupt { .. })));
         assert!(matches!(PreadFile::open(fifo, 0), Err(Error::Corrupt { .. })));
@@ -599,8 +600,9 @@ mod tests {
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep me", "the link's target is untouched");
         let fifo = d.join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY (test): a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // SAFETY: (test) a valid NUL-terminated path.
+        let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(made, 0);
         assert!(matches!(open_state(&fifo, false), Err(Error::InvalidArgument { .. })), "a FIFO is refused at once");
         assert!(matches!(read_optional(&fifo, 10), Err(Error::Corrupt { .. })));
         assert!(read_bounded(&fifo, 10).is_err());

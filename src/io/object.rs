@@ -194,8 +194,11 @@ fn has_credentials(scheme: &str, options: &[(String, String)]) -> bool {
     }
 }
 
-/// The registration that applies to `url`: `(prefix, options, pickle_secrets)`.
-fn registration_for(url: &str) -> Option<(String, Vec<(String, String)>, bool)> {
+/// A registration: `(prefix, options, pickle_secrets)`.
+type Registration = (String, Vec<(String, String)>, bool);
+
+/// The registration that applies to `url`.
+fn registration_for(url: &str) -> Option<Registration> {
     let r = registered().lock().unwrap_or_else(|p| p.into_inner());
     r.iter().filter(|(p, _, _)| url == p || url.strip_prefix(p.as_str()).is_some_and(|rest| rest.starts_with('/'))).max_by_key(|(p, _, _)| p.len()).cloned()
 }

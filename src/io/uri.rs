@@ -231,8 +231,9 @@ mod tests {
         assert!(root.join("alias/x").is_ok(), "a symlink that stays inside is fine");
         let fifo = dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY (test): a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // SAFETY: (test) a valid NUL-terminated path.
+        let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(made, 0);
         let f = root.join("fifo").unwrap();
         assert!(f.read_all(10).is_err() && f.read_range(0, 1).is_err() && f.read_edge(1, true).is_err(), "a FIFO is refused, not waited on");
     }

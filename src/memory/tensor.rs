@@ -199,9 +199,9 @@ impl RaggedLayout {
 }
 
 fn write_bytes(dst: &mut [std::mem::MaybeUninit<u8>], src: &[u8]) {
-    // SAFETY: `dst` is at least `src.len()` long (slicing panics otherwise, never reached with
-    // the layouts above) and the regions are distinct.
     let dst = &mut dst[..src.len()];
+    // SAFETY: `dst` is exactly `src.len()` long (the slicing above panics otherwise, never
+    // reached with the layouts above) and the regions are distinct.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len()) };
 }
 

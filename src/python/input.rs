@@ -223,10 +223,10 @@ impl<'py> Imported<'py> {
         if managed.is_null() {
             return Err(PyErr::fetch(capsule.py()));
         }
+        let mut writable = false;
         // SAFETY: per the DLPack protocol the capsule holds a live managed tensor of the kind
         // its name says; we read the embedded DLTensor (appends only read, so the read-only
         // flag of a versioned tensor needs no check).
-        let mut writable = false;
         let dl: &DLTensor = unsafe {
             if versioned {
                 let m = &*(managed as *const DLManagedTensorVersioned);

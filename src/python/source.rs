@@ -134,6 +134,7 @@ fn with_python<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
     // the GIL if the thread's state is detached, and nests if it is held); the token is used
     // only inside `f`, while `_release` keeps the GIL held; its drop restores the prior state.
     let _release = Release(unsafe { pyo3::ffi::PyGILState_Ensure() });
+    // SAFETY: the GIL is held (above) for as long as `f` runs.
     f(unsafe { Python::assume_attached() })
 }
 
