@@ -11,7 +11,7 @@ use std::hint::black_box;
 use common::*;
 use criterion::Throughput;
 use zrecord::prelude::*;
-use zrecord::sample::SplitMix64;
+use zrecord::demo::SplitMix64;
 
 const BATCH: usize = 256;
 /// Distinct pre-drawn batches cycled through: 1M ids, so the working set is the whole dataset.

@@ -18,7 +18,7 @@ use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::prelude::SessionContext;
 use zrecord::prelude::*;
 use zrecord::query::{zrecord_context, PlanCache, PreparedQuery, ZrecordTable};
-use zrecord::sample::SplitMix64;
+use zrecord::demo::SplitMix64;
 
 const BATCH: usize = 256;
 const BATCHES: usize = 64;

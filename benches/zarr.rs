@@ -22,7 +22,7 @@ use criterion::Throughput;
 use zarrs::array::{ArrayBytes, ArrayToBytesCodecTraits, CodecChain, CodecOptions, FillValue};
 use zarrs::metadata::v3::MetadataV3;
 use zrecord::memory::Allocator;
-use zrecord::sample::SplitMix64;
+use zrecord::demo::SplitMix64;
 use zrecord::zarr::{Assembler, CacheLimits, Limits, Query};
 
 const CROP: [u64; 3] = [16, 64, 64];

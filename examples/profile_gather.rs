@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `cargo run --release --example profile_gather -- PATH [SECONDS] [nocheck]`
 use zrecord::prelude::*;
-use zrecord::sample::SplitMix64;
+use zrecord::demo::SplitMix64;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();

@@ -13,7 +13,7 @@ fn main() -> Result<()> {
     let dst = root.join("tokens-zstd-dict");
 
     // 1. A raw ragged store of token sequences.
-    let tokens = zrecord::sample::tokens_ragged(20_000, 42);
+    let tokens = zrecord::demo::tokens_ragged(20_000, 42);
     let mut w = RaggedWriter::create(&src, DType::Int32, 1, WriterOptions::default())?;
     w.append(&tokens.as_input())?;
     w.finish()?;

@@ -34,7 +34,7 @@ pub mod memory;
 #[cfg(feature = "sql")]
 pub mod query;
 pub mod rng;
-pub mod sample;
+pub mod demo;
 pub mod store;
 #[cfg(feature = "text")]
 pub mod text;

@@ -2,9 +2,9 @@
 //! multiscale images) assembled into pooled tensors.
 //!
 //! - [`meta`]: open an array from a URI (metadata and codec chains through `zarrs`), NGFF levels.
-//! - [`query`]: `Query` = per-axis crop ranges (out-of-bounds filled), NumPy slices or index
+//! - [`select`]: `Query` = per-axis crop ranges (out-of-bounds filled), NumPy slices or index
 //!   lists.
-//! - [`exec`]: the [`Assembler`] plans a batch (every chunk read once, adjacent inner chunks of
+//! - [`assemble`]: the [`Assembler`] plans a batch (every chunk read once, adjacent inner chunks of
 //!   a shard merged into one read, metadata and shard indexes in bounded LRU caches), decodes on
 //!   a bounded pool and writes each sample's voxels straight into its output slot, cast.
 //! - [`pipeline`]: the streaming [`Pipeline`] (lazy pushes, bounded slots, sticky errors).
@@ -20,14 +20,14 @@
 //! ```
 
 pub(crate) mod cast;
-pub mod exec;
+pub mod assemble;
 pub mod meta;
 pub mod pipeline;
-pub mod query;
+pub mod select;
 pub mod source;
 
-pub use exec::{Assembler, CacheLimits, Limits, Stats};
+pub use assemble::{Assembler, CacheLimits, Limits, Stats};
 pub use meta::ArrayMeta;
 pub use pipeline::{BatchSpec, Pipeline, PipelineBatch, QueryIter, QueueLimits};
-pub use query::{AxisSelection, Query};
+pub use select::{AxisSelection, Query};
 pub use source::{CropSource, Crops};

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use zrecord::prelude::*;
-use zrecord::sample;
+use zrecord::demo;
 
 /// Scale factor from `ZREC_BENCH_SCALE` (default 1.0 = the sizes the issue names).
 pub fn scale() -> f64 {
@@ -29,13 +29,13 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
 
 impl Workload {
     pub fn dense_vision(n: usize) -> Workload {
-        Workload { name: "dense_vision", n, data: Data::Dense { dtype: DType::UInt8, item: vec![3, 224, 224], bytes: sample::vision(n, 3, 224, 224, 7) } }
+        Workload { name: "dense_vision", n, data: Data::Dense { dtype: DType::UInt8, item: vec![3, 224, 224], bytes: demo::vision(n, 3, 224, 224, 7) } }
     }
     pub fn dense_tokens(n: usize) -> Workload {
-        Workload { name: "dense_tokens", n, data: Data::Dense { dtype: DType::Int32, item: vec![512], bytes: i32_bytes(&sample::tokens_dense(n, 512, 8)) } }
+        Workload { name: "dense_tokens", n, data: Data::Dense { dtype: DType::Int32, item: vec![512], bytes: i32_bytes(&demo::tokens_dense(n, 512, 8)) } }
     }
     pub fn ragged_tokens(n: usize) -> Workload {
-        Workload { name: "ragged_tokens", n, data: Data::Ragged(sample::tokens_ragged(n, 9)) }
+        Workload { name: "ragged_tokens", n, data: Data::Ragged(demo::tokens_ragged(n, 9)) }
     }
 
     /// The three workloads at `scale()`; `ZREC_BENCH_ONLY=name[,name]` picks some.

@@ -16,11 +16,11 @@ use crate::python::input::dtype_arg;
 use crate::python::memory::{PyAllocator, PyDLTensor};
 use crate::python::source::PySourceView;
 use crate::store::SourceView;
-use crate::zarr::exec::{Assembler, CacheLimits, Limits, Stats};
+use crate::zarr::assemble::{Assembler, CacheLimits, Limits, Stats};
 use crate::zarr::pipeline::{BatchSpec, Pipeline, QueryIter, QueueLimits};
-use crate::zarr::query::{AxisSelection, Query};
+use crate::zarr::select::{AxisSelection, Query};
 use crate::zarr::source::{CropSource, Crops};
-use crate::zarr::exec::shared_assembler;
+use crate::zarr::assemble::shared_assembler;
 
 fn axis_of(obj: &Bound<'_, PyAny>) -> PyResult<AxisSelection> {
     let t = obj.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("a query axis must be a tuple"))?;

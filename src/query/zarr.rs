@@ -11,7 +11,7 @@ use crate::query::df_err;
 use crate::query::functions::{arg_err, int_arg, literal, string_arg};
 use crate::query::table::ZrecordTable;
 use crate::store::{Dataset, Stream};
-use crate::zarr::exec::shared_assembler;
+use crate::zarr::assemble::shared_assembler;
 use crate::zarr::source::{CropSource, Crops};
 
 /// The `zarr_crops` table function.

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::zarr::query::Run;
+use crate::zarr::select::Run;
 
 /// Converts `n` contiguous elements from `src` to `dst` (both possibly unaligned).
 pub(crate) type Kernel = unsafe fn(*const u8, *mut u8, usize);

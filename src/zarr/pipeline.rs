@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::{Allocation, Allocator, Tensor};
-use crate::zarr::exec::{Assembler, CacheLimits, Limits, Stats};
-use crate::zarr::query::Query;
+use crate::zarr::assemble::{Assembler, CacheLimits, Limits, Stats};
+use crate::zarr::select::Query;
 
 /// The batches a pipeline makes: `samples` samples of `shape`, cast to `dtype`.
 #[derive(Clone, Debug, PartialEq, Eq)]

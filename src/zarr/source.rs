@@ -9,9 +9,9 @@ use crate::error::{Error, Result};
 use crate::memory::Allocator;
 use crate::rng::SplitMix64;
 use crate::store::{Batch, Ids, Layout, ReadOptions, RecordSource};
-use crate::zarr::exec::Assembler;
+use crate::zarr::assemble::Assembler;
 use crate::zarr::meta::ArrayMeta;
-use crate::zarr::query::Query;
+use crate::zarr::select::Query;
 
 /// Which crops a [`CropSource`] serves.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ fn zrec() -> Command {
 fn info_and_verify() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("tok");
-    let packed = zrecord::sample::tokens_ragged(300, 1);
+    let packed = zrecord::demo::tokens_ragged(300, 1);
     let mut w = RaggedWriter::create(&p, DType::Int32, 1, WriterOptions::with_codec(Codec::Zstd).level(5)).unwrap();
     w.append(&packed.as_input()).unwrap();
     w.finish().unwrap();

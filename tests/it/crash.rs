@@ -15,7 +15,7 @@ const CHILD_ENV: &str = "ZRECORD_CRASH_CHILD_PATH";
 fn helper_writer_that_gets_killed() {
     let Ok(path) = std::env::var(CHILD_ENV) else { return };
     let mut w = DenseWriter::create(&path, DType::UInt8, &[4096], WriterOptions::with_codec(Codec::Zstd).data_shards(3)).unwrap();
-    let chunk = zrecord::sample::vision(8, 1, 64, 64, 1);
+    let chunk = zrecord::demo::vision(8, 1, 64, 64, 1);
     for i in 0.. {
         w.append_slice(&chunk).unwrap();
         if i == 2 {

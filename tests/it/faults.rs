@@ -200,7 +200,7 @@ fn check_outputs(dir: &Path, mode: &str) {
 
 #[test]
 fn killed_at_random_points_never_publishes_half_a_store() {
-    let mut rng = zrecord::sample::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
+    let mut rng = zrecord::demo::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
     for (mode, kills) in [("store", 100), ("copy", 100), ("dict", 100)] {
         let dir = tempfile::tempdir().unwrap();
         // How long one write takes in this build (sanitizers and debug builds are several times

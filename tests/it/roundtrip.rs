@@ -169,7 +169,7 @@ fn transcode_by_read_then_append(#[case] ragged: bool) {
     let src = dir.path().join("src");
     let dst = dir.path().join("dst");
     if !ragged {
-        let data = zrecord::sample::tokens_dense(300, 64, 4);
+        let data = zrecord::demo::tokens_dense(300, 64, 4);
         let mut w = DenseWriter::create(&src, DType::Int32, &[64], WriterOptions::default()).unwrap();
         w.append_slice(&data).unwrap();
         w.finish().unwrap();
@@ -183,7 +183,7 @@ fn transcode_by_read_then_append(#[case] ragged: bool) {
         assert!(out.stats().stored_bytes < out.stats().raw_bytes);
         assert_eq!(out.bind(&alloc).read_all().unwrap().as_slice::<i32>().unwrap(), &data[..]);
     } else {
-        let p = zrecord::sample::tokens_ragged(500, 8);
+        let p = zrecord::demo::tokens_ragged(500, 8);
         let mut w = RaggedWriter::create(&src, DType::Int32, 1, WriterOptions::default()).unwrap();
         w.append(&p.as_input()).unwrap();
         w.finish().unwrap();

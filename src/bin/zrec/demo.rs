@@ -31,9 +31,9 @@ pub(super) fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
     let n_img = ((400.0 * scale) as usize).max(16);
     let n_tok = ((20_000.0 * scale) as usize).max(64);
     println!("zrecord demo in {}  (images: {n_img} x uint8[3,224,224]; tokens: {n_tok} x int32[512]; ragged: {n_tok} int32 sequences)", root.display());
-    let images = sample::vision(n_img, 3, 224, 224, 1);
-    let tokens = sample::tokens_dense(n_tok, 512, 2);
-    let ragged = sample::tokens_ragged(n_tok, 3);
+    let images = zrecord::demo::vision(n_img, 3, 224, 224, 1);
+    let tokens = zrecord::demo::tokens_dense(n_tok, 512, 2);
+    let ragged = zrecord::demo::tokens_ragged(n_tok, 3);
     let alloc = Allocator::default();
     let limit = memcpy_limit(256 * 3 * 224 * 224);
     println!("memcpy limit (one contiguous buffer, this machine): {limit:.2} GiB/s\n");

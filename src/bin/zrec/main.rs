@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use zrecord::prelude::*;
-use zrecord::sample::{self, SplitMix64};
+use zrecord::demo::SplitMix64;
 use zrecord::query::{zrecord_context, Dataset, SessionContextExt};
 use zrecord::store::{Kind, SourceView, StoreStats};
 use datafusion::arrow::util::pretty::pretty_format_batches;

@@ -2,7 +2,7 @@
 //! Shared fixtures: deterministic random data and naive reference gathers.
 
 use zrecord::prelude::*;
-use zrecord::sample::SplitMix64;
+use zrecord::demo::SplitMix64;
 
 pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut r = SplitMix64::new(seed);

@@ -19,7 +19,7 @@ use crate::memory::{numel, Allocation, Allocator, Tensor};
 use crate::zarr::cast::{convert_one, fill_repeat, fill_runs, kernel, scatter, strides, Kernel, OutPtr};
 use crate::io::Uri;
 use crate::zarr::meta::{index_shape, ArrayMeta, ChunkLayout, FastDecode};
-use crate::zarr::query::{runs_by_chunk, Query, Run};
+use crate::zarr::select::{runs_by_chunk, Query, Run};
 
 /// Cache sizes (entries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
