@@ -399,3 +399,48 @@ pub fn with_logical(source: Arc<dyn RecordSource>, logical: Logical) -> Result<A
     }
     Ok(Arc::new(WithLogical { inner: source, logical }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_types_describe_and_serialise() {
+        let d = RecordType::dense(DType::Float16, vec![3, 4]);
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json, r#"{"dtype":"float16","layout":{"kind":"dense","item_shape":[3,4]},"logical":"tensor"}"#);
+        assert_eq!(serde_json::from_str::<RecordType>(&json).unwrap(), d);
+        let s = RecordType { logical: Logical::Utf8, ..RecordType::ragged(DType::UInt8, 1) };
+        assert_eq!(serde_json::from_str::<RecordType>(&serde_json::to_string(&s).unwrap()).unwrap(), s);
+        assert_eq!(s.to_string(), "utf8 (uint8 ragged ndim 1)");
+        assert_eq!(d.to_string(), "float16 dense [3, 4]");
+        // `logical` defaults to tensor; an unknown dtype is an error naming it.
+        assert_eq!(serde_json::from_str::<RecordType>(r#"{"dtype":"int8","layout":{"kind":"ragged","ndim":2}}"#).unwrap(), RecordType::ragged(DType::Int8, 2));
+        let e = serde_json::from_str::<RecordType>(r#"{"dtype":"int9","layout":{"kind":"ragged","ndim":2}}"#).unwrap_err();
+        assert!(e.to_string().contains("int9"), "{e}");
+        // A source's accessors all read its record type; info() carries it with name and length.
+        #[derive(Debug)]
+        struct Fixed;
+        impl RecordSource for Fixed {
+            fn name(&self) -> String {
+                "fixed".into()
+            }
+            fn len(&self) -> u64 {
+                7
+            }
+            fn record_type(&self) -> RecordType {
+                RecordType { logical: Logical::Binary, ..RecordType::ragged(DType::UInt8, 1) }
+            }
+            fn gather(&self, _: Ids<'_>, _: &Allocator, _: &ReadOptions) -> Result<Batch> {
+                Err(Error::Internal("not gathered in this test".into()))
+            }
+        }
+        assert_eq!((Fixed.dtype(), Fixed.layout(), Fixed.logical()), (DType::UInt8, Layout::Ragged { ndim: 1 }, Logical::Binary));
+        let info = Fixed.info();
+        assert_eq!((info.name.as_str(), info.len), ("fixed", 7));
+        let v: serde_json::Value = serde_json::to_value(&info).unwrap();
+        assert_eq!(v["dtype"], "uint8");
+        assert_eq!(v["logical"], "binary");
+        assert_eq!(v["len"], 7);
+    }
+}
