@@ -57,6 +57,8 @@ mod ragged;
 pub mod publish;
 pub(crate) mod reader;
 mod residency;
+#[cfg(all(test, feature = "remote"))]
+mod remote_tests;
 pub mod selection;
 mod source;
 mod writer;
