@@ -89,20 +89,14 @@ pub fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
 /// Read a whole regular file of at most `max_bytes` (a FIFO, a device or a longer file is a
 /// typed error, never a hang or an unbounded read).
 pub fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
-    use std::io::Read;
-    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return Err(Error::invalid("file", format!("{} is not a regular file", path.display())));
+    // The same read as `read_optional`; a file passed by a caller that is missing, not regular
+    // or too long is the caller's argument error rather than a damaged store.
+    match read_optional(path, max_bytes) {
+        Ok(Some(b)) => Ok(b),
+        Ok(None) => Err(Error::io(path, std::io::ErrorKind::NotFound.into())),
+        Err(Error::Corrupt { reason, .. }) => Err(Error::invalid("file", format!("{}: {reason}", path.display()))),
+        Err(e) => Err(e),
     }
-    let (f, len) = open_regular(path)?.ok_or_else(|| Error::io(path, std::io::ErrorKind::NotFound.into()))?;
-    if len > max_bytes {
-        return Err(Error::invalid("file", format!("{} is {len} bytes, more than the {max_bytes} allowed", path.display())));
-    }
-    let mut out = Vec::with_capacity(len as usize);
-    f.take(max_bytes + 1).read_to_end(&mut out).map_err(|e| Error::io(path, e))?;
-    if out.len() as u64 > max_bytes {
-        return Err(Error::invalid("file", format!("{} grew past the {max_bytes} bytes allowed while being read", path.display())));
-    }
-    Ok(out)
 }
 
 /// A whole regular file of at most `max_bytes`, or `None` when it does not exist. Longer (or
