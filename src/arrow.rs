@@ -9,9 +9,9 @@ mod dataset_writer;
 mod scan;
 mod tensor;
 
-pub use convert::{column_from_ragged, ColumnLayout, Logical, StreamWriter};
+pub use convert::{column_from_ragged, Logical, StreamWriter};
 pub use dataset_writer::DatasetWriter;
-pub use scan::{batch_column, record_bytes_hint, source_layout, stream_field, ScanColumn, ScanReader, Scanner, BATCH_BYTES, ID_COLUMN};
+pub use scan::{batch_column, record_bytes_hint, stream_field, ScanColumn, ScanReader, Scanner, BATCH_BYTES, ID_COLUMN};
 pub use tensor::{dense_to_arrow, element_field, ragged_to_arrow, tensor_buffer, to_record_batch};
 pub(crate) use tensor::{fixed_shape_column, variable_shape_column};
 

@@ -5,7 +5,7 @@
 //! [`Converter`] plans every column from the schema (and, when present, the Hugging Face
 //! `Features` the schema or the caller carries) before any data is read, so a column without a
 //! store layout fails first, naming the column, its HF feature and what to do. It then adapts
-//! what the plain Arrow mapping of [`ColumnLayout::of_field`] cannot take:
+//! what the plain Arrow mapping of [`RecordType::of_field`] cannot take:
 //!
 //! | input | stream |
 //! |---|---|
@@ -13,7 +13,7 @@
 //! | HF `ArrayND` with a dynamic first dimension | Ragged, ndim N |
 //! | HF `Image` (`struct<bytes, path>`) with `decode_images` | Ragged uint8 `HWC`/`CHW`, or Dense with `resize` |
 //! | dictionary-encoded columns | their value type |
-//! | everything else | as `COPY ... STORED AS ZRECORD` ([`ColumnLayout::of_field`]) |
+//! | everything else | as `COPY ... STORED AS ZRECORD` ([`RecordType::of_field`]) |
 //!
 //! With `train_dict`, the first input (up to [`DICT_SAMPLE_FACTOR`] x the dictionary size per
 //! column) is held back, a zstd dictionary is trained per column on its records, and the
@@ -31,10 +31,10 @@ use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema};
 use serde_json::Value;
 
-use crate::arrow::{variable_shape_column, ColumnLayout, DatasetWriter, EXTENSION_NAME_KEY};
+use crate::arrow::{variable_shape_column, DatasetWriter, EXTENSION_NAME_KEY};
 use crate::error::{Error, Result};
 use crate::store::codec::DictSamples;
-use crate::store::{Codec, Logical, WriterOptions};
+use crate::store::{Codec, Layout, Logical, RecordType, WriterOptions};
 
 pub use files::{open_files, FileFormat, FileInput};
 pub use image::{ImageLayout, ImageMode, ImageOptions};
@@ -100,7 +100,7 @@ struct Plan {
     input: usize,
     adapt: Adapt,
     /// Known before data except for resized images of native channel count.
-    layout: Option<ColumnLayout>,
+    layout: Option<RecordType>,
     /// Channel count of a resized image column, fixed by its first image.
     channels: Option<usize>,
     /// The codec its stream is written with (set when the streams are created).
@@ -117,7 +117,7 @@ pub struct ConvertReport {
     /// Record payload bytes written (before compression).
     pub bytes: u64,
     /// Per stream: name, layout, codec used.
-    pub streams: Vec<(String, ColumnLayout, Codec)>,
+    pub streams: Vec<(String, RecordType, Codec)>,
 }
 
 #[derive(Default)]
@@ -216,7 +216,7 @@ fn plan_column(field: &Field, input: usize, feature: Option<&Value>, options: &C
     let ext = field.metadata().get(EXTENSION_NAME_KEY).map(|s| s.as_str()).unwrap_or("");
     let encoded_struct = matches!(field.data_type(), DataType::Struct(fs)
         if fs.iter().any(|f| f.name() == "bytes") && fs.iter().all(|f| f.name() == "bytes" || f.name() == "path"));
-    let plan = |adapt: Adapt, layout: Option<ColumnLayout>| Ok(Plan { name: name.clone(), input, adapt, layout, channels: None, codec: options.writer.codec });
+    let plan = |adapt: Adapt, layout: Option<RecordType>| Ok(Plan { name: name.clone(), input, adapt, layout, channels: None, codec: options.writer.codec });
     match ftype {
         Some("Image") => {
             let Some(opts) = &options.images else {
@@ -253,17 +253,17 @@ fn plan_column(field: &Field, input: usize, feature: Option<&Value>, options: &C
             let inner: Vec<usize> = shape[1..].iter().map(|d| d.unwrap_or(0)).collect();
             let leaf = leaf_field(field);
             let probe = Field::new("probe", leaf.data_type().clone(), true).with_metadata(leaf.metadata().clone());
-            let dtype = match ColumnLayout::of_field(&probe) {
-                Ok(ColumnLayout::Dense { dtype, item_shape }) if item_shape.is_empty() => dtype,
+            let dtype = match RecordType::of_field(&probe) {
+                Ok(RecordType { dtype, layout: Layout::Dense { item_shape }, .. }) if item_shape.is_empty() => dtype,
                 _ => return Err(column_error(&name, feature, format!("element type {} is not a tensor element", leaf.data_type()))),
             };
             return match shape[0] {
                 Some(d0) => {
                     let mut full = vec![d0];
                     full.extend_from_slice(&inner);
-                    plan(Adapt::FixedLists(full.clone()), Some(ColumnLayout::Dense { dtype, item_shape: full }))
+                    plan(Adapt::FixedLists(full.clone()), Some(RecordType::dense(dtype, full)))
                 }
-                None => plan(Adapt::RaggedLists(inner), Some(ColumnLayout::Ragged { dtype, ndim: shape.len(), logical: Logical::Tensor })),
+                None => plan(Adapt::RaggedLists(inner), Some(RecordType::ragged(dtype, shape.len()))),
             };
         }
         _ => {}
@@ -284,13 +284,13 @@ fn plan_column(field: &Field, input: usize, feature: Option<&Value>, options: &C
     }
     if let DataType::Dictionary(_, value) = field.data_type() {
         let cast = Field::new(&name, value.as_ref().clone(), field.is_nullable());
-        let layout = ColumnLayout::of_field(&cast).map_err(|e| e.context(describe_context(&name, feature)))?;
+        let layout = RecordType::of_field(&cast).map_err(|e| e.context(describe_context(&name, feature)))?;
         return plan(Adapt::Cast(value.as_ref().clone()), Some(layout));
     }
     if *field.data_type() == DataType::Null {
         return Err(column_error(&name, feature, "every value is null (Arrow type null); drop the column or fill it"));
     }
-    let layout = ColumnLayout::of_field(field).map_err(|e| match feature {
+    let layout = RecordType::of_field(field).map_err(|e| match feature {
         Some(_) => e.context(describe_context(&name, feature)),
         None => e,
     })?;
@@ -313,13 +313,13 @@ fn leaf_field(field: &Field) -> &Field {
     cur
 }
 
-fn image_layout(opts: &ImageOptions, channels: Option<usize>) -> Option<ColumnLayout> {
+fn image_layout(opts: &ImageOptions, channels: Option<usize>) -> Option<RecordType> {
     match opts.resize {
-        None => Some(ColumnLayout::Ragged { dtype: crate::DType::UInt8, ndim: 3, logical: Logical::Tensor }),
+        None => Some(RecordType::ragged(crate::DType::UInt8, 3)),
         Some(_) => {
             let c = opts.mode.map(|m| m.channels()).or(channels)?;
             let item_shape = image::dense_shape(opts, c).into_iter().map(|d| d as usize).collect();
-            Some(ColumnLayout::Dense { dtype: crate::DType::UInt8, item_shape })
+            Some(RecordType::dense(crate::DType::UInt8, item_shape))
         }
     }
 }
@@ -427,10 +427,11 @@ fn primitive_bytes(a: &dyn Array, dtype: crate::DType) -> Option<(arrow_buffer::
 
 /// Add each record's stored bytes of `a` (a column of `layout`) to `samples`, until its budget
 /// is spent. Layouts a dictionary does not help (bool) add nothing.
-fn record_samples(layout: &ColumnLayout, a: &ArrayRef, samples: &mut DictSamples) {
+fn record_samples(layout: &RecordType, a: &ArrayRef, samples: &mut DictSamples) {
     let mut each = |b: &[u8]| samples.push(b);
-    match layout {
-        ColumnLayout::Dense { dtype, item_shape } if *dtype != crate::DType::Bool => {
+    let dtype = &layout.dtype;
+    match (&layout.layout, layout.logical) {
+        (Layout::Dense { item_shape }, _) if *dtype != crate::DType::Bool => {
             let per = item_shape.iter().product::<usize>() * dtype.size();
             let leaf = flatten_fixed(a);
             if let Some((buf, range)) = primitive_bytes(leaf.as_ref(), *dtype) {
@@ -441,7 +442,7 @@ fn record_samples(layout: &ColumnLayout, a: &ArrayRef, samples: &mut DictSamples
                 }
             }
         }
-        ColumnLayout::Ragged { dtype, logical: Logical::Tensor, .. } if *dtype != crate::DType::Bool => {
+        (Layout::Ragged { .. }, Logical::Tensor) if *dtype != crate::DType::Bool => {
             let list = match a.data_type() {
                 DataType::Struct(_) => a.as_struct().column(0).clone(),
                 _ => a.clone(),
@@ -457,7 +458,7 @@ fn record_samples(layout: &ColumnLayout, a: &ArrayRef, samples: &mut DictSamples
                 }
             }
         }
-        ColumnLayout::Ragged { logical: Logical::Utf8 | Logical::Binary, .. } => {
+        (Layout::Ragged { .. }, Logical::Utf8 | Logical::Binary) => {
             let strings: Box<dyn Iterator<Item = &[u8]>> = match a.data_type() {
                 DataType::Utf8 => Box::new(a.as_string::<i32>().iter().flatten().map(str::as_bytes)),
                 DataType::LargeUtf8 => Box::new(a.as_string::<i64>().iter().flatten().map(str::as_bytes)),

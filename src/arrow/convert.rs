@@ -1,6 +1,6 @@
 //! Arrow columns <-> store layouts.
 //!
-//! Which store an Arrow column becomes ([`ColumnLayout::of_field`], decided from the schema alone
+//! Which store an Arrow column becomes ([`RecordType::of_field`], decided from the schema alone
 //! so that a bad column fails at plan time), how its arrays are appended to that store without
 //! copying record bytes ([`StreamWriter::append_array`]), and how gathered records leave as the
 //! matching Arrow column ([`column_from_value`]).
@@ -31,27 +31,7 @@ use crate::memory::{RaggedBatch, RaggedInput, Tensor, TensorView};
 use crate::store::{DenseWriter, RaggedWriter};
 
 pub use crate::store::Logical;
-
-/// The store an Arrow column is written to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ColumnLayout {
-    /// Fixed item shape (`[]` for a primitive column).
-    Dense {
-        /// Element type.
-        dtype: DType,
-        /// Item shape.
-        item_shape: Vec<usize>,
-    },
-    /// Variable shapes.
-    Ragged {
-        /// Element type.
-        dtype: DType,
-        /// Dimensions of every record.
-        ndim: usize,
-        /// Strings / bytes / tensors.
-        logical: Logical,
-    },
-}
+use crate::store::{Layout, RecordType};
 
 fn unsupported(column: &str, dt: &DataType, why: &str) -> Error {
     Error::invalid(
@@ -112,9 +92,11 @@ fn check_identity_permutation(column: &str, meta: &serde_json::Value, ndim: usiz
     Ok(())
 }
 
-impl ColumnLayout {
-    /// The layout of an Arrow field, or a clear error naming the column and its type.
-    pub fn of_field(field: &Field) -> Result<ColumnLayout> {
+/// Arrow fields as record types: which store an Arrow column is written to, and the field a
+/// record type reads back as.
+impl RecordType {
+    /// The record type of an Arrow field, or a clear error naming the column and its type.
+    pub fn of_field(field: &Field) -> Result<RecordType> {
         let name = field.name();
         let dt = field.data_type();
         match extension_name(field) {
@@ -131,7 +113,7 @@ impl ColumnLayout {
                         format!("column '{name}': fixed_shape_tensor shape {shape:?} holds {numel} elements but its list size is {size}"),
                     ));
                 }
-                return Ok(ColumnLayout::Dense { dtype: element_dtype(name, child)?, item_shape: shape });
+                return Ok(RecordType::dense(element_dtype(name, child)?, shape));
             }
             Some(VARIABLE_SHAPE_TENSOR) => {
                 let (dtype, ndim) = variable_shape_storage(name, dt)?;
@@ -140,16 +122,16 @@ impl ColumnLayout {
                         check_identity_permutation(name, &v, ndim)?;
                     }
                 }
-                return Ok(ColumnLayout::Ragged { dtype, ndim, logical: Logical::Tensor });
+                return Ok(RecordType::ragged(dtype, ndim));
             }
             _ => {}
         }
         match dt {
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-                Ok(ColumnLayout::Ragged { dtype: DType::UInt8, ndim: 1, logical: Logical::Utf8 })
+                Ok(RecordType::ragged(DType::UInt8, 1).with_logical(Logical::Utf8))
             }
             DataType::Binary | DataType::LargeBinary | DataType::BinaryView => {
-                Ok(ColumnLayout::Ragged { dtype: DType::UInt8, ndim: 1, logical: Logical::Binary })
+                Ok(RecordType::ragged(DType::UInt8, 1).with_logical(Logical::Binary))
             }
             DataType::FixedSizeList(_, _) => {
                 let mut shape = Vec::new();
@@ -161,7 +143,7 @@ impl ColumnLayout {
                     shape.push(*size as usize);
                     cur = child;
                 }
-                Ok(ColumnLayout::Dense { dtype: element_dtype(name, cur)?, item_shape: shape })
+                Ok(RecordType::dense(element_dtype(name, cur)?, shape))
             }
             DataType::List(child) | DataType::LargeList(child) => {
                 if matches!(child.data_type(), DataType::List(_) | DataType::LargeList(_)) {
@@ -172,16 +154,16 @@ impl ColumnLayout {
                          ArrayND) or flatten each row to {values: List, shape: FixedSizeList<uint64, ndim>}",
                     ));
                 }
-                Ok(ColumnLayout::Ragged { dtype: element_dtype(name, child)?, ndim: 1, logical: Logical::Tensor })
+                Ok(RecordType::ragged(element_dtype(name, child)?, 1))
             }
             // The plain struct `{values: List<T>, shape: FixedSizeList<uint64, ndim>}` (no
             // extension metadata needed): an N-D ragged tensor per row.
             DataType::Struct(fields) if fields.len() == 2 => {
                 let (dtype, ndim) = variable_shape_storage(name, dt)?;
-                Ok(ColumnLayout::Ragged { dtype, ndim, logical: Logical::Tensor })
+                Ok(RecordType::ragged(dtype, ndim))
             }
             _ => match element_dtype(name, field) {
-                Ok(dtype) => Ok(ColumnLayout::Dense { dtype, item_shape: vec![] }),
+                Ok(dtype) => Ok(RecordType::dense(dtype, vec![])),
                 Err(_) => Err(unsupported(name, dt, "not a tensor, list or string type")),
             },
         }
@@ -190,16 +172,17 @@ impl ColumnLayout {
     /// The Arrow field this layout reads back as.
     pub fn field(&self, name: &str) -> Result<FieldRef> {
         let alloc = crate::memory::Allocator::cpu(0);
-        Ok(match self {
-            ColumnLayout::Dense { dtype, item_shape } => {
+        let dtype = &self.dtype;
+        Ok(match &self.layout {
+            Layout::Dense { item_shape } => {
                 let mut shape = vec![0];
                 shape.extend_from_slice(item_shape);
                 let t = Tensor::from_slice::<u8>(&alloc, &[], &[0])?.reinterpret(*dtype, shape)?;
                 dense_to_arrow(name, &t)?.0
             }
-            ColumnLayout::Ragged { dtype, ndim, logical } => {
+            Layout::Ragged { ndim } => {
                 let b = RaggedBatch::copy_from_input(&alloc, &empty_ragged_input(*dtype, *ndim))?;
-                column_from_ragged(name, &b, *logical)?.0
+                column_from_ragged(name, &b, self.logical)?.0
             }
         })
     }
@@ -285,13 +268,14 @@ fn unpack_bools(data: &ArrayData, start: usize, count: usize) -> Vec<u8> {
 }
 
 impl StreamWriter {
-    /// A writer for `layout` at `path`.
-    pub fn create(path: &std::path::Path, layout: &ColumnLayout, options: crate::store::WriterOptions) -> Result<StreamWriter> {
-        Ok(match layout {
+    /// A writer for records of `record_type` at `path`.
+    pub fn create(path: &std::path::Path, record_type: &RecordType, options: crate::store::WriterOptions) -> Result<StreamWriter> {
+        let (dtype, logical) = (&record_type.dtype, &record_type.logical);
+        Ok(match &record_type.layout {
             // `allow_empty` is about ragged records (a dense record always has its one shape):
             // a dataset writer's option reaches its ragged columns only.
-            ColumnLayout::Dense { dtype, item_shape } => StreamWriter::Dense(DenseWriter::create(path, *dtype, item_shape, options.allow_empty(false))?),
-            ColumnLayout::Ragged { dtype, ndim, logical } => {
+            Layout::Dense { item_shape } => StreamWriter::Dense(DenseWriter::create(path, *dtype, item_shape, options.allow_empty(false))?),
+            Layout::Ragged { ndim } => {
                 StreamWriter::Ragged(RaggedWriter::create(path, *dtype, *ndim, options.logical(*logical))?)
             }
         })
@@ -318,10 +302,10 @@ impl StreamWriter {
         }
     }
 
-    /// Append every row of `array` (column `column` of layout `layout`). Record bytes are read
+    /// Append every row of `array` (column `column` of records `record_type`). Record bytes are read
     /// in place from the Arrow buffers; only offsets are rebased and shapes computed. Nulls and
     /// (for ragged) empty rows are refused with the column name and absolute row number.
-    pub fn append_array(&mut self, column: &str, layout: &ColumnLayout, array: &dyn Array) -> Result<()> {
+    pub fn append_array(&mut self, column: &str, record_type: &RecordType, array: &dyn Array) -> Result<()> {
         let base = self.len();
         if array.is_empty() {
             return Ok(());
@@ -329,8 +313,9 @@ impl StreamWriter {
         if array.logical_null_count() > 0 {
             return Err(first_null(column, array, base));
         }
-        match (self, layout) {
-            (StreamWriter::Dense(w), ColumnLayout::Dense { dtype, item_shape }) => {
+        let dtype = &record_type.dtype;
+        match (self, &record_type.layout) {
+            (StreamWriter::Dense(w), Layout::Dense { item_shape }) => {
                 let n = array.len();
                 let per: usize = item_shape.iter().product();
                 let mut data = array.to_data();
@@ -360,7 +345,7 @@ impl StreamWriter {
                 let bytes = element_bytes(&data, *dtype, start, count)?;
                 w.append(&TensorView::new(bytes, *dtype, shape))
             }
-            (StreamWriter::Ragged(w), ColumnLayout::Ragged { dtype, ndim, logical }) => match logical {
+            (StreamWriter::Ragged(w), Layout::Ragged { ndim }) => match record_type.logical {
                 Logical::Tensor => append_ragged_tensor(w, column, *dtype, *ndim, array, base),
                 Logical::Utf8 | Logical::Binary => append_bytes(w, column, array, base),
             },

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use arrow_array::RecordBatch;
 use arrow_schema::Schema;
 
-use crate::arrow::{ColumnLayout, StreamWriter};
+use crate::arrow::StreamWriter;
 use crate::error::{Error, Result};
 use crate::store::dataset::{DatasetManifest, StreamEntry, DATASET_FILE};
-use crate::store::{Logical, Staging, WriterOptions};
+use crate::store::{RecordType, Staging, WriterOptions};
 
 /// Writes a dataset root: one stream per column, published atomically by
 /// [`DatasetWriter::finish`] (every stream complete, counts equal, `dataset.json` last, one
@@ -23,7 +23,7 @@ pub struct DatasetWriter {
 
 struct Column {
     name: String,
-    layout: ColumnLayout,
+    layout: RecordType,
     writer: Option<StreamWriter>,
 }
 
@@ -34,14 +34,14 @@ fn folder_name(i: usize, name: &str) -> String {
 
 impl DatasetWriter {
     /// Start writing `columns` (name and layout) to `dest`, which must not exist.
-    pub fn create(dest: impl AsRef<Path>, columns: &[(String, ColumnLayout)], options: WriterOptions) -> Result<DatasetWriter> {
+    pub fn create(dest: impl AsRef<Path>, columns: &[(String, RecordType)], options: WriterOptions) -> Result<DatasetWriter> {
         let each: Vec<_> = columns.iter().map(|(n, l)| (n.clone(), l.clone(), options.clone())).collect();
         DatasetWriter::create_each(dest, &each)
     }
 
     /// Start writing `columns` (name, layout and that stream's writer options: codec,
     /// dictionary, ...) to `dest`, which must not exist.
-    pub fn create_each(dest: impl AsRef<Path>, columns: &[(String, ColumnLayout, WriterOptions)]) -> Result<DatasetWriter> {
+    pub fn create_each(dest: impl AsRef<Path>, columns: &[(String, RecordType, WriterOptions)]) -> Result<DatasetWriter> {
         if columns.is_empty() {
             return Err(Error::invalid("columns", "a dataset needs at least one column"));
         }
@@ -61,9 +61,9 @@ impl DatasetWriter {
         Ok(w)
     }
 
-    /// Start writing the columns of `schema` (layouts from [`ColumnLayout::of_field`]).
+    /// Start writing the columns of `schema` (layouts from [`RecordType::of_field`]).
     pub fn for_schema(dest: impl AsRef<Path>, schema: &Schema, options: WriterOptions) -> Result<DatasetWriter> {
-        let columns = schema.fields().iter().map(|f| Ok((f.name().clone(), ColumnLayout::of_field(f)?))).collect::<Result<Vec<_>>>()?;
+        let columns = schema.fields().iter().map(|f| Ok((f.name().clone(), RecordType::of_field(f)?))).collect::<Result<Vec<_>>>()?;
         DatasetWriter::create(dest, &columns, options)
     }
 
@@ -112,16 +112,12 @@ impl DatasetWriter {
 
     /// The `dataset.json` entries of a root written with `columns` (folder names and logical
     /// types as [`DatasetWriter::create`] lays them out).
-    pub fn stream_entries(columns: &[(String, ColumnLayout)]) -> Vec<StreamEntry> {
+    pub fn stream_entries(columns: &[(String, RecordType)]) -> Vec<StreamEntry> {
         columns
             .iter()
             .enumerate()
             .map(|(i, (name, layout))| {
-                let logical = match layout {
-                    ColumnLayout::Ragged { logical, .. } => *logical,
-                    ColumnLayout::Dense { .. } => Logical::Tensor,
-                };
-                StreamEntry { name: name.clone(), path: folder_name(i, name), logical }
+                StreamEntry { name: name.clone(), path: folder_name(i, name), logical: layout.logical }
             })
             .collect()
     }
@@ -138,7 +134,7 @@ impl DatasetWriter {
             }
             w.finish()?;
         }
-        let columns: Vec<(String, ColumnLayout)> = self.columns.iter().map(|c| (c.name.clone(), c.layout.clone())).collect();
+        let columns: Vec<(String, RecordType)> = self.columns.iter().map(|c| (c.name.clone(), c.layout.clone())).collect();
         let entries = DatasetWriter::stream_entries(&columns);
         let mut manifest = DatasetManifest::new(count.unwrap_or(0), entries);
         manifest.metadata = self.metadata.take();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, RecordBatchReader, UInt64Array};
 use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
 
-use crate::arrow::{column_from_ragged, dense_to_arrow, ColumnLayout};
+use crate::arrow::{column_from_ragged, dense_to_arrow};
 use crate::error::Result;
 use crate::memory::Allocator;
 use crate::store::{Batch, ChunkIds, Chunks, Dataset, Layout, Logical, ReadOptions, RecordSource, Selection, SourceView};
@@ -33,17 +33,9 @@ impl Batch {
     }
 }
 
-/// The store layout of a source (what it reads back as).
-pub fn source_layout(source: &dyn RecordSource) -> ColumnLayout {
-    match source.layout() {
-        Layout::Dense { item_shape } => ColumnLayout::Dense { dtype: source.dtype(), item_shape },
-        Layout::Ragged { ndim } => ColumnLayout::Ragged { dtype: source.dtype(), ndim, logical: source.logical() },
-    }
-}
-
 /// The Arrow field a source's records read back as, from its description alone (no read).
 pub fn stream_field(name: &str, source: &dyn RecordSource) -> Result<FieldRef> {
-    source_layout(source).field(name)
+    source.record_type().field(name)
 }
 
 /// A gathered batch of `source` as its Arrow column.

@@ -21,7 +21,7 @@ use crate::dist::shard::SharedRows;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::{Allocator, RaggedBatch, Tensor, TensorView};
-use crate::store::{Batch, Ids, Layout, Logical, ReadOptions, RecordSource, Store};
+use crate::store::{Batch, Ids, Layout, Logical, ReadOptions, RecordSource, RecordType, Store};
 
 mod host;
 mod reader;

@@ -34,7 +34,8 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::arrow::{ColumnLayout, DatasetWriter};
+use crate::arrow::DatasetWriter;
+use crate::store::RecordType;
 use crate::error::{Error, Result};
 use crate::query::sink::plan_columns;
 use crate::query::table::ID_COLUMN;
@@ -262,7 +263,7 @@ fn properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
 pub struct ZrecordPartsExec {
     input: Arc<dyn ExecutionPlan>,
     target: PartsTarget,
-    columns: Vec<(String, ColumnLayout)>,
+    columns: Vec<(String, RecordType)>,
     properties: Arc<PlanProperties>,
 }
 

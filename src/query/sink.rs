@@ -28,7 +28,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 use datafusion::object_store::{ObjectMeta, ObjectStore};
 
-use crate::arrow::ColumnLayout;
+use crate::store::{Layout, RecordType};
 use crate::error::{Error, Result};
 use crate::arrow::DatasetWriter;
 use crate::query::table::{ZrecordTable, ID_COLUMN};
@@ -72,13 +72,13 @@ pub fn writer_options(options: &HashMap<String, String>) -> Result<WriterOptions
 }
 
 /// The columns a schema is written as (plan time: a bad type fails here).
-pub fn plan_columns(schema: &arrow_schema::Schema) -> Result<Vec<(String, ColumnLayout)>> {
+pub fn plan_columns(schema: &arrow_schema::Schema) -> Result<Vec<(String, RecordType)>> {
     let mut out = Vec::new();
     for f in schema.fields() {
         if f.name() == ID_COLUMN {
             continue;
         }
-        out.push((f.name().clone(), ColumnLayout::of_field(f)?));
+        out.push((f.name().clone(), RecordType::of_field(f)?));
     }
     if out.is_empty() {
         return Err(Error::invalid("columns", "nothing to write: the query has no columns besides _id"));
@@ -284,7 +284,7 @@ impl FileSource for NoFileSource {
 #[derive(Debug)]
 struct ZrecordSink {
     path: std::path::PathBuf,
-    columns: Vec<(String, ColumnLayout)>,
+    columns: Vec<(String, RecordType)>,
     options: WriterOptions,
     schema: SchemaRef,
 }
@@ -296,10 +296,10 @@ impl DisplayAs for ZrecordSink {
     }
 }
 
-fn layout_name(l: &ColumnLayout) -> String {
-    match l {
-        ColumnLayout::Dense { dtype, item_shape } => format!("dense {dtype} {item_shape:?}"),
-        ColumnLayout::Ragged { dtype, ndim, logical } => format!("ragged {dtype} ndim {ndim} ({})", logical.name()),
+fn layout_name(l: &RecordType) -> String {
+    match &l.layout {
+        Layout::Dense { item_shape } => format!("dense {} {item_shape:?}", l.dtype),
+        Layout::Ragged { ndim } => format!("ragged {} ndim {ndim} ({})", l.dtype, l.logical.name()),
     }
 }
 

@@ -63,6 +63,11 @@ impl RecordType {
     pub fn ragged(dtype: DType, ndim: usize) -> RecordType {
         RecordType { dtype, layout: Layout::Ragged { ndim }, logical: Logical::Tensor }
     }
+
+    /// The same records meaning `logical` (strings, bytes).
+    pub fn with_logical(self, logical: Logical) -> RecordType {
+        RecordType { logical, ..self }
+    }
 }
 
 impl std::fmt::Display for RecordType {

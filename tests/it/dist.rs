@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use zrecord::dist::{DistNode, DistOptions, DistReader, ReaderSpec, ShardMeta, Transport};
 use zrecord::prelude::*;
-use zrecord::store::Store;
+use zrecord::store::{RecordType, Store};
 
 fn opts(transport: Transport) -> DistOptions {
     DistOptions { transport, host: Some("127.0.0.1".into()), timeout_s: 10.0, ..DistOptions::default() }
@@ -294,6 +294,40 @@ fn a_rank_that_never_answers_times_out() {
     assert!(matches!(e, Error::Peer { rank: 1, timed_out: true, .. }), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     drop(silent);
+}
+
+#[test]
+fn shard_descriptions_carry_one_record_type_and_disagreements_are_refused() {
+    let n0 = DistNode::start(0, 2, opts(Transport::Flight)).unwrap();
+    let mut ep1 = n0.endpoint().clone();
+    ep1.rank = 1;
+    n0.connect(vec![n0.endpoint().clone(), ep1]).unwrap();
+    let m0 = n0.add_rows("x", 3, DType::Float32, vec![2, 2]).unwrap();
+    // The wire form names the record type once (dtype by name, tagged layout, logical).
+    let json: serde_json::Value = serde_json::to_value(&m0).unwrap();
+    assert_eq!(json["dtype"], "float32");
+    assert_eq!(json["layout"], serde_json::json!({"kind": "dense", "item_shape": [2, 2]}));
+    assert_eq!(json["logical"], "tensor");
+    let back: ShardMeta = serde_json::from_value(json).unwrap();
+    assert_eq!(back, m0);
+    assert_eq!(back.record_type, RecordType::dense(DType::Float32, vec![2, 2]));
+    // Rank 1 announcing another dtype, shape or layout kind: a shape mismatch naming both.
+    for other in [RecordType::dense(DType::Float64, vec![2, 2]), RecordType::dense(DType::Float32, vec![4]), RecordType::ragged(DType::Float32, 2)] {
+        let m1 = ShardMeta { rank: 1, record_type: other.clone(), fd: None, ..m0.clone() };
+        let e = n0.define("x", vec![m0.clone(), m1]).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+        assert!(e.to_string().contains(&other.to_string()), "{e}");
+    }
+    // Ragged records of zero dimensions are no record type at all.
+    let mut bad = serde_json::to_value(&m0).unwrap();
+    bad["layout"] = serde_json::json!({"kind": "ragged", "ndim": 0});
+    let bad: ShardMeta = serde_json::from_value(bad).unwrap();
+    let e = n0.define("x", vec![bad.clone(), ShardMeta { rank: 1, ..bad }]).unwrap_err();
+    assert!(e.to_string().contains("0 dimensions"), "{e}");
+    // An unknown dtype name does not parse.
+    let mut unknown = serde_json::to_value(&m0).unwrap();
+    unknown["dtype"] = serde_json::json!("float99");
+    assert!(serde_json::from_value::<ShardMeta>(unknown).is_err());
 }
 
 #[test]

@@ -14,7 +14,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Fields, Int32Type, Schema};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use zrecord::arrow::{ColumnLayout, Logical};
+use zrecord::arrow::Logical;
+use zrecord::store::RecordType;
 use zrecord::loader::{Mode, Sampler};
 use zrecord::prelude::*;
 use zrecord::query::{zrecord_context, zrecord_context_with_config, zrecord_error, Dataset, SessionContextExt, ZrecordTable};
@@ -102,15 +103,15 @@ fn arrow_types_round_trip_through_copy() {
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), arrays).unwrap();
     // Layouts decided from the schema alone.
-    let layouts: Vec<ColumnLayout> = schema.fields().iter().map(|f| ColumnLayout::of_field(f).unwrap()).collect();
-    assert_eq!(layouts[0], ColumnLayout::Dense { dtype: DType::Int64, item_shape: vec![] });
-    assert_eq!(layouts[1], ColumnLayout::Dense { dtype: DType::Bool, item_shape: vec![] });
-    assert_eq!(layouts[2], ColumnLayout::Dense { dtype: DType::Float32, item_shape: vec![2, 3] });
-    assert_eq!(layouts[3], ColumnLayout::Dense { dtype: DType::Int32, item_shape: vec![2, 3] });
-    assert_eq!(layouts[5], ColumnLayout::Ragged { dtype: DType::UInt16, ndim: 1, logical: Logical::Tensor });
-    assert_eq!(layouts[6], ColumnLayout::Ragged { dtype: DType::Float32, ndim: 2, logical: Logical::Tensor });
-    assert_eq!(layouts[9], ColumnLayout::Ragged { dtype: DType::UInt8, ndim: 1, logical: Logical::Utf8 });
-    assert_eq!(layouts[10], ColumnLayout::Ragged { dtype: DType::UInt8, ndim: 1, logical: Logical::Binary });
+    let layouts: Vec<RecordType> = schema.fields().iter().map(|f| RecordType::of_field(f).unwrap()).collect();
+    assert_eq!(layouts[0], RecordType::dense(DType::Int64, vec![]));
+    assert_eq!(layouts[1], RecordType::dense(DType::Bool, vec![]));
+    assert_eq!(layouts[2], RecordType::dense(DType::Float32, vec![2, 3]));
+    assert_eq!(layouts[3], RecordType::dense(DType::Int32, vec![2, 3]));
+    assert_eq!(layouts[5], RecordType::ragged(DType::UInt16, 1));
+    assert_eq!(layouts[6], RecordType::ragged(DType::Float32, 2));
+    assert_eq!(layouts[9], RecordType::ragged(DType::UInt8, 1).with_logical(Logical::Utf8));
+    assert_eq!(layouts[10], RecordType::ragged(DType::UInt8, 1).with_logical(Logical::Binary));
 
     let rt = rt();
     rt.block_on(async {
@@ -151,7 +152,7 @@ fn arrow_types_round_trip_through_copy() {
         // Our read-back schema maps to the same layouts (a second COPY is the identity).
         for f in s.fields().iter().filter(|f| f.name() != "_id") {
             let i = schema.index_of(f.name()).unwrap();
-            assert_eq!(ColumnLayout::of_field(f).unwrap(), layouts[i], "{}", f.name());
+            assert_eq!(RecordType::of_field(f).unwrap(), layouts[i], "{}", f.name());
         }
     });
 }
@@ -166,7 +167,7 @@ fn unsupported_types_fail_at_plan_time_naming_the_column() {
         ext_field("w", DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::Float32, false)), 6), "arrow.fixed_shape_tensor", r#"{"shape":[4,2]}"#),
     ];
     for f in &bad {
-        let e = ColumnLayout::of_field(f).unwrap_err().to_string();
+        let e = RecordType::of_field(f).unwrap_err().to_string();
         assert!(e.contains(&format!("column '{}'", f.name())), "{e}");
     }
 }

@@ -189,23 +189,23 @@ impl DistReader {
             return Err(Error::invalid("shards", format!("'{name}' has {} shards for {size} ranks", metas.len())));
         }
         let first = metas.first().ok_or_else(|| Error::invalid("shards", format!("'{name}' has no shard")))?;
-        let (dtype, layout) = (DType::from_name(&first.dtype)?, first.layout()?);
-        let logical: Logical = first.logical.parse()?;
+        let record_type = first.checked_type()?.clone();
         let mut starts = vec![0u64];
         for (r, m) in metas.iter().enumerate() {
             if m.rank != r {
                 return Err(Error::invalid("shards", format!("shard {r} of '{name}' is rank {}'s", m.rank)));
             }
-            if m.dtype != first.dtype || m.layout()? != layout || m.logical != first.logical {
+            if *m.checked_type()? != record_type {
                 return Err(Error::ShapeMismatch {
-                    expected: format!("rank 0's {} {layout} records for '{name}'", first.dtype),
-                    found: format!("rank {r}'s {} {}", m.dtype, m.layout()?),
+                    expected: format!("rank 0's {record_type} records for '{name}'"),
+                    found: format!("rank {r}'s {}", m.record_type),
                 });
             }
             let next = starts[r].checked_add(m.rows).ok_or_else(|| Error::invalid("shards", format!("'{name}' has more than 2^64 rows")))?;
             starts.push(next);
         }
         let routes = (0..size).map(|r| self.route(name, &metas[r])).collect::<Result<Vec<_>>>()?;
+        let RecordType { dtype, layout, logical } = record_type;
         let var = Variable { name: name.to_string(), dtype, layout, logical, starts, metas, routes: RwLock::new(routes), counters: Counters::default() };
         self.inner.vars.write().map_err(lock_err)?.insert(name.to_string(), Arc::new(var));
         Ok(())
@@ -236,10 +236,11 @@ impl DistReader {
         }
         let owner = Some(Arc::new(Liveness::new(ep.pid)));
         let opened: Result<Route> = match (&meta.fd, &meta.store) {
-            (Some(fd), _) => {
-                let shape = meta.item_shape.clone().unwrap_or_default();
-                SharedRows::open_peer(name, ep.pid, *fd, meta.rows, DType::from_name(&meta.dtype)?, shape).map(|rows| Route::Shared { rows: Arc::new(rows), owner })
-            }
+            (Some(fd), _) => match &meta.record_type.layout {
+                Layout::Dense { item_shape } => SharedRows::open_peer(name, ep.pid, *fd, meta.rows, meta.record_type.dtype, item_shape.clone())
+                    .map(|rows| Route::Shared { rows: Arc::new(rows), owner }),
+                Layout::Ragged { .. } => Err(Error::invalid("shard", format!("rank {} shares ragged rows in memory; only dense rows are shared", meta.rank))),
+            },
             (None, Some(path)) => Store::open(path).and_then(|s| {
                 let source = s.source();
                 if source.len() != meta.rows {
@@ -368,7 +369,7 @@ impl DistReader {
         for v in vars {
             let meta = self.inner.options.file(&format!("shard.{}.{rank}", v.name)).and_then(|f| crate::io::read_optional(&f, crate::dist::comm::MAX_MESSAGE_BYTES).ok().flatten()).and_then(|b| serde_json::from_slice::<ShardMeta>(&b).ok());
             let meta = match meta {
-                Some(m) if m.rows == v.metas[rank].rows && m.dtype == v.metas[rank].dtype => m,
+                Some(m) if m.rows == v.metas[rank].rows && m.record_type == v.metas[rank].record_type => m,
                 _ => v.metas[rank].clone(),
             };
             let route = self.route(&v.name, &meta)?;

@@ -97,7 +97,7 @@ impl DistNode {
         let s = Arc::new(SharedRows::create(name, rows, dtype, item_shape.clone())?);
         self.register(name, s.clone(), Some(s.clone()))?;
         self.owned.lock().map_err(lock_err)?.insert(name.to_string(), s.clone());
-        let meta = ShardMeta { rank: self.rank, rows, dtype: dtype.to_string(), item_shape: Some(item_shape), ndim: None, logical: Logical::Tensor.to_string(), fd: s.fd(), store: None };
+        let meta = ShardMeta { rank: self.rank, rows, record_type: RecordType::dense(dtype, item_shape), fd: s.fd(), store: None };
         self.publish_shard(name, &meta)?;
         Ok(meta)
     }
@@ -105,23 +105,7 @@ impl DistNode {
     /// A shard served from any record source (a store or a view). `store`: the folder of a
     /// whole local store, which readers on this host open themselves instead of asking.
     pub fn add_source(&self, name: &str, source: Arc<dyn RecordSource>, store: Option<String>) -> Result<ShardMeta> {
-        let layout = source.layout();
-        let meta = ShardMeta {
-            rank: self.rank,
-            rows: source.len(),
-            dtype: source.dtype().to_string(),
-            item_shape: match &layout {
-                Layout::Dense { item_shape } => Some(item_shape.clone()),
-                Layout::Ragged { .. } => None,
-            },
-            ndim: match layout {
-                Layout::Ragged { ndim } => Some(ndim),
-                Layout::Dense { .. } => None,
-            },
-            logical: source.logical().to_string(),
-            fd: None,
-            store,
-        };
+        let meta = ShardMeta { rank: self.rank, rows: source.len(), record_type: source.record_type(), fd: None, store };
         self.register(name, source, None)?;
         self.publish_shard(name, &meta)?;
         Ok(meta)

@@ -23,14 +23,9 @@ pub struct ShardMeta {
     pub rank: usize,
     /// Rows in the shard.
     pub rows: u64,
-    /// Element type name.
-    pub dtype: String,
-    /// Record shape (dense shards).
-    pub item_shape: Option<Vec<usize>>,
-    /// Record dimensions (ragged shards).
-    pub ndim: Option<usize>,
-    /// What the records mean.
-    pub logical: String,
+    /// What the shard's records are (every shard of a variable agrees).
+    #[serde(flatten)]
+    pub record_type: RecordType,
     /// The owner's memfd of shared rows (readers on its host map it).
     pub fd: Option<i32>,
     /// The store folder the owner serves (readers on its host open it).
@@ -38,11 +33,11 @@ pub struct ShardMeta {
 }
 
 impl ShardMeta {
-    pub(super) fn layout(&self) -> Result<Layout> {
-        match (&self.item_shape, self.ndim) {
-            (Some(s), None) => Ok(Layout::Dense { item_shape: s.clone() }),
-            (None, Some(nd)) if nd >= 1 => Ok(Layout::Ragged { ndim: nd }),
-            _ => Err(Error::invalid("shard", format!("rank {} describes neither dense nor ragged records", self.rank))),
+    /// The record type, checked: ragged records have at least one dimension.
+    pub(super) fn checked_type(&self) -> Result<&RecordType> {
+        match self.record_type.layout {
+            Layout::Ragged { ndim: 0 } => Err(Error::invalid("shard", format!("rank {} describes ragged records of 0 dimensions", self.rank))),
+            _ => Ok(&self.record_type),
         }
     }
 }
