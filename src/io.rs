@@ -23,6 +23,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 
 mod local;
+pub mod plan;
 #[cfg(feature = "remote")]
 pub mod object;
 pub mod publish;

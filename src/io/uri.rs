@@ -141,6 +141,17 @@ impl Uri {
         }
     }
 
+    /// Ranges of this object closer than this many bytes are best fetched by one read
+    /// ([`crate::io::plan::coalesce`]): 0 for local files (only touching ranges merge), the
+    /// registered `zrecord_coalesce_gap` for objects.
+    pub fn coalesce_gap(&self) -> u64 {
+        match self {
+            Uri::File(_) => 0,
+            #[cfg(feature = "remote")]
+            Uri::Remote(r) => r.opts.coalesce_gap,
+        }
+    }
+
     /// `len` bytes from `offset` (the object must exist and hold them).
     pub fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         let n = usize::try_from(len).map_err(|_| Error::invalid("len", format!("{len} bytes cannot be read at once")))?;

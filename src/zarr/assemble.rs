@@ -597,24 +597,13 @@ impl Assembler {
                     ranges.push((off, n, j));
                 }
             }
-            ranges.sort_unstable();
+            // One planner for shard reads and store preloads: touching chunks (or, remote,
+            // chunks closer than the location's coalesce gap) are one read.
             let location = meta.object(&k.1);
-            let mut cur: Option<ReadTask> = None;
-            for (off, n, j) in ranges {
-                if let Some(mut t) = cur.take() {
-                    let (start, len) = t.range.unwrap_or((0, 0));
-                    if off == start + len && len + n <= self.limits.max_read_bytes as u64 {
-                        t.chunks.push((j, off - start, n));
-                        t.range = Some((start, len + n));
-                        cur = Some(t);
-                        continue;
-                    }
-                    tasks.push(t);
-                }
-                cur = Some(ReadTask { location: location.clone(), range: Some((off, n)), chunks: vec![(j, 0, n)] });
-            }
-            if let Some(t) = cur {
-                tasks.push(t);
+            let wanted: Vec<std::ops::Range<u64>> = ranges.iter().map(|&(off, n, _)| off..off + n).collect();
+            for read in crate::io::plan::coalesce(&wanted, location.coalesce_gap(), self.limits.max_read_bytes as u64) {
+                let chunks = read.members.iter().map(|&i| (ranges[i].2, ranges[i].0 - read.range.start, ranges[i].1)).collect();
+                tasks.push(ReadTask { location: location.clone(), range: Some((read.range.start, read.len())), chunks });
             }
         }
         Ok((tasks, fills))

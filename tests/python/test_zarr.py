@@ -331,6 +331,35 @@ def test_adjacent_inner_chunks_merge_into_one_read(tmp_path):
     assert r2.stats()["reads"] == 5  # merging capped at one 16-byte chunk per read
 
 
+def test_shard_reads_share_the_store_range_planner(tmp_path):
+    # Inner chunks 0 and 2 of one shard (16 bytes each, chunk 1 between them unread): on a
+    # local disk only touching ranges merge (index + 2 reads); over HTTP ranges closer than
+    # the location's zrecord_coalesce_gap are one request (index + 1), as store preloads plan.
+    data = _data((4, 16), "uint8")
+    _v3(tmp_path / "a.zarr", data, (4, 4), shards=(4, 16), compressors=None)
+    crops = [[(0, 4), (0, 4)], [(0, 4), (8, 12)]]
+
+    def gather(uri):
+        r = zz._ZarrReader({"decode_workers": 1})
+        got = np.from_dlpack(r.gather([zz.Sample(uri, c)._query() for c in crops]))
+        for k, c in enumerate(crops):
+            np.testing.assert_array_equal(got[k], data[c[0][0]:c[0][1], c[1][0]:c[1][1]])
+        return r.stats()["reads"]
+
+    assert gather(str(tmp_path / "a.zarr")) == 3
+    for gap, want_reads, want_bytes in [(None, 2, 48), (0, 3, 32)]:
+        srv = RangeServer(tmp_path)
+        try:
+            if gap is not None:
+                zrecord.set_storage_options(srv.url, {"zrecord_coalesce_gap": str(gap)})
+            assert gather(f"{srv.url}/a.zarr") == want_reads
+            bounded = [r for _, r in srv.requests if r and r[6:7].isdigit()]
+            lengths = [int(b) - int(a) + 1 for a, b in (r[6:].split("-") for r in bounded)]
+            assert sum(lengths) == want_bytes, srv.requests
+        finally:
+            srv.close()
+
+
 def test_infinite_generator_and_early_close(tmp_path):
     data = _data((8, 64, 64), "uint16")
     p = str(tmp_path / "a")

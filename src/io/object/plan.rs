@@ -80,23 +80,12 @@ pub(crate) fn preload(wanted: Vec<(&ObjectFile, u64, u64)>, plan: Plan) -> Resul
                 None => true,
             });
         }
-        // Coalesce across gaps, split at the request size limit.
-        let mut merged: Vec<Range<u64>> = Vec::new();
-        for r in missing {
-            match merged.last_mut() {
-                Some(m) if r.start <= m.end.saturating_add(opts.coalesce_gap) && r.end.max(m.end) - m.start <= opts.max_request_bytes => m.end = m.end.max(r.end),
-                _ => merged.push(r),
-            }
-        }
-        let mut split: Vec<Range<u64>> = Vec::with_capacity(merged.len());
-        for m in merged {
-            let mut a = m.start;
-            while a < m.end {
-                let z = (a + opts.max_request_bytes).min(m.end);
-                split.push(a..z);
-                a = z;
-            }
-        }
+        // Coalesce across gaps, split at the request size limit (the planner Zarr's shard
+        // reads use too).
+        let split: Vec<Range<u64>> = crate::io::plan::coalesce(&missing, opts.coalesce_gap, opts.max_request_bytes)
+            .into_iter()
+            .flat_map(|read| crate::io::plan::split(read.range, opts.max_request_bytes))
+            .collect();
         if !split.is_empty() {
             jobs.push((i, split));
         }

@@ -11,7 +11,7 @@ pub struct Remote {
     pub(super) prefix: String,
     /// `scheme://authority` (messages).
     pub(super) root: String,
-    pub(super) opts: RemoteOptions,
+    pub(crate) opts: RemoteOptions,
     /// Whether credentials were configured (options or environment): a refused request
     /// without any says so.
     pub(super) credentials: bool,
