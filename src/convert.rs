@@ -483,7 +483,7 @@ impl Converter {
     /// exist). Every column is checked here, before any data.
     pub fn new(dest: impl AsRef<Path>, schema: &Schema, options: ConvertOptions) -> Result<Converter> {
         let dest = dest.as_ref().to_path_buf();
-        if std::fs::symlink_metadata(&dest).is_ok() {
+        if crate::io::path_taken(&dest) {
             return Err(Error::AlreadyExists { path: dest });
         }
         if options.writer.codec == Codec::ZstdDict && options.writer.dictionary.is_none() && options.train_dict.is_none() {

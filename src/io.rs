@@ -28,10 +28,14 @@ pub mod plan;
 pub mod object;
 pub mod publish;
 pub mod runtime;
+pub mod shm;
 pub(crate) mod sigbus;
 mod uri;
 
-pub use local::{create_new, join_contained, list_dir, open_regular, open_state, read_bounded, read_optional, write_atomic, write_atomic_with, DirEntry, LocalFolder, Mapped, PreadFile};
+pub use local::{
+    create_dir_all, create_new, join_contained, list_dir, open_regular, open_state, path_taken, read_bounded, read_optional, remove_file, remove_tree, stat, write_atomic,
+    write_atomic_with, DirEntry, LocalFolder, Mapped, PreadFile,
+};
 pub use uri::{is_url, local_path, Uri};
 
 /// Register storage options (credentials, endpoints, `zrecord_*` read-plan keys) for every URL

@@ -104,7 +104,7 @@ pub struct StoreStats {
 impl StoreStats {
     fn of(core: &StoreCore) -> StoreStats {
         let m = &core.manifest;
-        let manifest_len = std::fs::metadata(core.path.join(format::MANIFEST)).map(|x| x.len()).unwrap_or(0);
+        let manifest_len = crate::io::stat(&core.path.join(format::MANIFEST)).map(|(len, _)| len).unwrap_or(0);
         StoreStats {
             record_count: m.record_count,
             raw_bytes: m.raw_bytes,

@@ -34,7 +34,7 @@ impl FileComm {
         }
         check_ns(ns)?;
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        crate::io::create_dir_all(&dir)?;
         Ok(FileComm { dir, rank, size, ns: ns.to_string(), seq: 0, timeout: Duration::from_secs(120) })
     }
 
@@ -102,7 +102,7 @@ impl FileComm {
         }
         if seq > 0 {
             // Every rank wrote call `seq`, so every rank is done reading call `seq - 1`.
-            let _ = std::fs::remove_file(self.dir.join(format!("{}.{}.{}", self.ns, seq - 1, self.rank)));
+            let _ = crate::io::remove_file(&self.dir.join(format!("{}.{}.{}", self.ns, seq - 1, self.rank)));
         }
         Ok(out.into_iter().flatten().collect())
     }

@@ -1,9 +1,10 @@
 //! Rows a rank owns in process memory, shared with readers on the same host without a copy on
-//! the owner's side: the rows live in a `memfd` mapping; a reader on the same host maps the
-//! same file through `/proc/<owner pid>/fd/<fd>` and gathers from it like from a local store.
+//! the owner's side: the rows live in a sealed `memfd` mapping ([`crate::io::shm`]); a reader on
+//! the same host maps the same file through `/proc/<owner pid>/fd/<fd>` and gathers from it
+//! like from a local store.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -51,16 +52,8 @@ impl SharedRows {
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| Error::invalid("shape", format!("rows of shape {item_shape:?} overflow")))?;
         let bytes = total_bytes(rows, row_bytes)?;
-        let cname = std::ffi::CString::new(format!("zrecord-{}", name.replace('\0', "?"))).unwrap_or_default();
-        // SAFETY: `cname` is a valid NUL-terminated string; memfd_create has no other inputs.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::io("memfd", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        // A zero-length mapping is refused by mmap: keep at least one page-sized byte.
-        file.set_len(bytes.max(1) as u64).map_err(|e| Error::io("memfd", e))?;
+        // Sealed at this size: a reader's mapping can never be cut short under it.
+        let file = crate::io::shm::create_shared(name, bytes)?;
         let map = MmapOptions::new().len(bytes.max(1)).map_raw(&file).map_err(|e| Error::io("memfd", e))?;
         Ok(SharedRows { name: name.to_string(), rows, dtype, item_shape, row_bytes, map, file: Some(file), writable: true })
     }
@@ -70,11 +63,7 @@ impl SharedRows {
         let row_bytes = numel(&item_shape).and_then(|n| n.checked_mul(dtype.size())).ok_or_else(|| Error::invalid("shape", format!("{item_shape:?}")))?;
         let bytes = total_bytes(rows, row_bytes)?;
         let path = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
-        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
-        if len < bytes.max(1) as u64 {
-            return Err(Error::corrupt(&path, format!("shared rows of '{name}' hold {len} bytes, {bytes} expected")));
-        }
+        let (file, _) = crate::io::shm::open_shared(pid, fd, bytes as u64).map_err(|e| e.context(format!("shared rows of '{name}'")))?;
         // Map every page up front (the owner's pages are resident already): random rows then
         // cost a copy, not a page fault each. Very large shards fault in as they are read.
         let mut opts = MmapOptions::new();

@@ -63,27 +63,36 @@ impl LocalFolder {
 }
 
 /// Open `path` if it is a regular file (`None` when it does not exist). Anything else is
-/// refused before opening: opening a FIFO for reading blocks until a writer appears, and a
-/// device (a symlink to `/dev/zero`) never ends. Checked again on the opened file, in case the
-/// path was swapped in between.
+/// refused: the open itself cannot block (`O_NONBLOCK`: opening a FIFO for reading would wait
+/// for a writer), and the opened file is checked (a device, such as a symlink to `/dev/zero`,
+/// never ends), so a path swapped between a check and the open changes nothing.
 pub fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
-    let not_regular = || Error::corrupt(path, "not a regular file");
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => return Err(not_regular()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    }
-    let f = match File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(path, e)),
     };
     let meta = f.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
-        return Err(not_regular());
+        return Err(Error::corrupt(path, "not a regular file"));
     }
+    set_blocking(&f);
     Ok(Some((f, meta.len())))
+}
+
+/// Clear `O_NONBLOCK` on `f` (kept only so that opening could not wait; regular files ignore
+/// it, but descriptors handed on should carry no surprises).
+fn set_blocking(f: &File) {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on a descriptor `f` owns; F_SETFL with flags read from the same descriptor.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
 }
 
 /// Read a whole regular file of at most `max_bytes` (a FIFO, a device or a longer file is a
@@ -440,16 +449,42 @@ pub fn open_state(path: &Path, truncate: bool) -> Result<File> {
         return Err(Error::invalid("path", format!("state file '{}' is not a regular file", path.display())));
     }
     // Back to blocking I/O (O_NONBLOCK only kept opening a FIFO from waiting for a reader).
-    // SAFETY: fcntl on a descriptor `f` owns; F_SETFL with flags read from the same descriptor.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        let fd = f.as_raw_fd();
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
-    }
+    set_blocking(&f);
     Ok(f)
+}
+
+/// Create folder `path` and its parents (present ones are fine).
+pub fn create_dir_all(path: &Path) -> Result<()> {
+    std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))
+}
+
+/// Remove file `path`; one already gone is fine.
+pub fn remove_file(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
+        _ => Ok(()),
+    }
+}
+
+/// Remove folder `path` and everything in it (symlinks inside are removed, never followed);
+/// one already gone is fine.
+pub fn remove_tree(path: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
+        _ => Ok(()),
+    }
+}
+
+/// True when anything (a file, a folder, a dangling symlink) is at `path`: what writers that
+/// never replace check before they start.
+pub fn path_taken(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// Size and modification time of the file at `path` (following symlinks), without opening it.
+pub fn stat(path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
+    let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    Ok((m.len(), m.modified().ok()))
 }
 
 /// Create file `path` for writing; it must not exist ([`Error::AlreadyExists`]) and is never

@@ -413,7 +413,7 @@ impl PyDatasetWriter {
     #[pyo3(signature = (path, codec = "raw", level = 3, data_shards = 4, dict_bytes = None, allow_empty = false))]
     fn new(path: PathBuf, codec: &str, level: i32, data_shards: usize, dict_bytes: Option<Vec<u8>>, allow_empty: bool) -> PyResult<Self> {
         // Checked again when the first write creates the staging folder; here for an early error.
-        if std::fs::symlink_metadata(&path).is_ok() {
+        if crate::io::path_taken(&path) {
             return Err(to_py(Error::AlreadyExists { path }));
         }
         let codec = codec.parse().py_err()?;

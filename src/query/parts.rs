@@ -542,7 +542,7 @@ fn cleanup<'a>(target: &PartsTarget, dir: &Path, parts: impl Iterator<Item = &'a
     if target.remote() {
         cleanup_parts(target, parts);
     } else {
-        let _ = std::fs::remove_dir_all(dir);
+        let _ = crate::io::remove_tree(dir);
     }
 }
 

@@ -223,7 +223,7 @@ impl FileFormat for ZrecordFormat {
                     return Err(Error::AlreadyExists { path }.into());
                 }
             }
-        } else if std::fs::symlink_metadata(&path).is_ok() {
+        } else if crate::io::path_taken(&path) {
             return Err(Error::AlreadyExists { path }.into());
         }
         // A partitioned input (or one large file, split by byte range) is written one part per

@@ -48,8 +48,8 @@ pub fn text_udfs() -> Vec<ScalarUDF> {
 fn shared_tokenizer(path: &str) -> Result<Arc<crate::text::Tokenizer>> {
     type Cache = Mutex<HashMap<String, (Option<std::time::SystemTime>, u64, Arc<crate::text::Tokenizer>)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
-    let meta = std::fs::metadata(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let key = (meta.modified().ok(), meta.len());
+    let (len, modified) = crate::io::stat(std::path::Path::new(path))?;
+    let key = (modified, len);
     let cache = CACHE.get_or_init(Default::default);
     if let Some((m, l, t)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(path) {
         if (*m, *l) == key {

@@ -738,9 +738,9 @@ impl StoreCore {
         let files = std::iter::once(&self.index).chain(self.shapes.iter()).chain(self.shards.iter());
         for f in files {
             let name = f.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if let (Some(want), Ok(meta)) = (self.manifest.file(&name), std::fs::metadata(f.path())) {
-                if meta.len() != want.bytes {
-                    return Err(Error::corrupt(f.path(), format!("file is now {} bytes, manifest says {} (modified in place after open)", meta.len(), want.bytes)));
+            if let (Some(want), Ok((len, _))) = (self.manifest.file(&name), crate::io::stat(f.path())) {
+                if len != want.bytes {
+                    return Err(Error::corrupt(f.path(), format!("file is now {len} bytes, manifest says {} (modified in place after open)", want.bytes)));
                 }
             }
         }

@@ -85,7 +85,7 @@ impl ExactDedup {
     /// Open (or create) a persistent dedup set in `dir` at its last commit.
     pub fn open(dir: impl AsRef<Path>, max_memory: usize) -> Result<ExactDedup> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        crate::io::create_dir_all(dir)?;
         let committed = read_count(&dir.join(COMMITTED))?;
         ExactDedup::open_at(dir, max_memory, committed)
     }
@@ -95,12 +95,12 @@ impl ExactDedup {
     /// the log it names: the folder was swapped or damaged).
     pub fn open_at(dir: impl AsRef<Path>, max_memory: usize, committed: u64) -> Result<ExactDedup> {
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        crate::io::create_dir_all(&dir)?;
         // Spill runs are caches of the log: rebuilt below.
         for e in crate::io::list_dir(&dir)? {
             let p = e.path;
             if e.name.starts_with("run-") && e.name.ends_with(".bin") {
-                std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
+                crate::io::remove_file(&p)?;
             }
         }
         let log_path = dir.join(LOG);
@@ -246,7 +246,7 @@ impl ExactDedup {
         let map = crate::io::Mapped::open(path.clone(), bytes.len() as u64)?;
         self.runs.push(Run { map, path });
         for p in old {
-            std::fs::remove_file(&p).map_err(|e| io(&p, e))?;
+            crate::io::remove_file(&p)?;
         }
         Ok(())
     }

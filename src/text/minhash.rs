@@ -218,7 +218,7 @@ impl NearDedup {
     pub fn open_at(dir: impl AsRef<Path>, params: MinHashParams, committed: u64) -> Result<NearDedup> {
         let mut d = NearDedup::new(params)?;
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        crate::io::create_dir_all(&dir)?;
         let desc = d.describe();
         let params_path = dir.join(NEAR_PARAMS);
         let old = crate::io::read_optional(&params_path, 4096)?.map(|b| String::from_utf8_lossy(&b).into_owned());

@@ -83,7 +83,7 @@ pub(super) fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
     }
     sql_demo(&root, n_tok, &alloc)?;
     if tmp_is(&root) {
-        let _ = std::fs::remove_dir_all(&root);
+        let _ = zrecord::io::remove_tree(&root);
     }
     println!("\nall stores verified; transcode, SQL and Python APIs: see README.md");
     Ok(())
