@@ -20,6 +20,7 @@
 //! columns are written with `zstd_dict` (a column too small to train falls back to `zstd`).
 
 pub mod files;
+mod ipc_check;
 mod image;
 
 use std::path::{Path, PathBuf};

@@ -81,6 +81,8 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<zarr::PyZarrReader>()?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::_is_store, m)?)?;
+    m.add_function(wrap_pyfunction!(store::_read_state, m)?)?;
+    m.add_function(wrap_pyfunction!(store::_write_state, m)?)?;
     m.add_function(wrap_pyfunction!(store::_storage_options_registered, m)?)?;
     m.add_function(wrap_pyfunction!(store::register_storage_options, m)?)?;
     m.add_function(wrap_pyfunction!(store::train_dict, m)?)?;

@@ -30,7 +30,6 @@ import bisect
 import itertools
 import json
 import os
-import pickle
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,6 +46,8 @@ from ._zrecord import (
     _DistNode,
     _DistReader,
     _FileComm,
+    _read_state,
+    CorruptStoreError,
 )
 
 __all__ = ["DistStore", "DistReader", "FileComm", "DistDataset", "HAVE_MPI"]
@@ -65,10 +66,24 @@ class FileComm(_FileComm):
     """File-based collectives without MPI: ``allgather(obj)`` (a list in rank order) and
     ``barrier()``. ``dir`` is a folder every rank sees; every rank makes the same calls in the
     same order, with an ``ns`` unique in ``dir``. A rank that never arrives makes the others
-    raise ``TimeoutError`` naming it after ``timeout`` seconds."""
+    raise ``TimeoutError`` naming it after ``timeout`` seconds.
+
+    ``obj`` is exchanged as JSON (``None``, bools, numbers, strings, lists, dicts with string
+    keys; tuples come back as lists), never pickled: whoever can write to the folder can send
+    data, not code. A message that is not JSON is ``CorruptStoreError`` naming the rank."""
 
     def allgather(self, obj: Any) -> list:
-        return [pickle.loads(b) for b in self._allgather_bytes(pickle.dumps(obj))]
+        try:
+            data = json.dumps(obj, allow_nan=False).encode()
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"FileComm.allgather exchanges JSON data only: {e}") from None
+        out = []
+        for rank, b in enumerate(self._allgather_bytes(data)):
+            try:
+                out.append(json.loads(bytes(b).decode()))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise CorruptStoreError(f"FileComm: rank {rank}'s message in {self.dir!r} is not JSON ({e})") from None
+        return out
 
 
 def _allgather(comm, obj):
@@ -335,10 +350,15 @@ class DistStore(DistReader):
         if self._dir is None:
             raise ValueError("rejoin needs the rendezvous folder")
         p = self._dir / f"{self._ns}.{what}"
+        # Through zrecord's door to bytes: a regular file of bounded size (a FIFO planted in
+        # the folder is an error, not a hang).
+        raw = _read_state(str(p), 64 << 20)
+        if raw is None:
+            raise FileNotFoundError(f"{p} not found: did the group publish it?")
         try:
-            return p.read_text()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{p} not found: did the group publish it?") from None
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise CorruptStoreError(f"{p}: not UTF-8 text") from None
 
     def _require_core(self, what: str):
         if self._node is None:

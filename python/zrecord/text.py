@@ -471,6 +471,18 @@ class TextBatch(NamedTuple):
     end: int
 
 
+_MAX_STATE_BYTES = 64 << 20
+
+
+def _count(value, what, upper=None):
+    """A stored count or index: an int in ``[0, upper]`` (bools are not counts), else
+    ``CorruptStoreError`` naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (upper is not None and value > upper):
+        bound = "" if upper is None else f" (at most {upper})"
+        raise _z.CorruptStoreError(f"pipeline state: {what} is {value!r}, not a count >= 0{bound}; the state does not fit this source")
+    return value
+
+
 class _SeqSource:
     """Anything indexable by position: a list, a StringTensor, a pyarrow array / chunked array,
     a zrecord utf8 view. The position is the next row index."""
@@ -481,7 +493,9 @@ class _SeqSource:
         self.pos = 0
 
     def seek(self, position):
-        self.pos = 0 if position is None else int(position)
+        # A stored position past the end (or negative: Python slicing would wrap) is not this
+        # source's: an error, never a different stream.
+        self.pos = 0 if position is None else _count(position, "position", self.n)
 
     def read(self, n):
         start, end = self.pos, min(self.pos + n, self.n)
@@ -512,8 +526,10 @@ class _IterSource:
 
     def seek(self, position):
         if position is not None:
+            if not isinstance(position, dict) or "state" not in position:
+                raise _z.CorruptStoreError(f"pipeline state: position {position!r} is not an iterable source's position (a dict with 'state' and 'rows')")
+            self.rows = _count(position.get("rows"), "position.rows")
             self.it.load_state_dict(position["state"])
-            self.rows = int(position["rows"])
         self._iter = iter(self.it)
 
     def read(self, n):
@@ -579,9 +595,14 @@ class ParquetSource:
         if position is None:
             self._file, self._row, self.rows = 0, 0, 0
             return
+        if not isinstance(position, dict):
+            raise _z.CorruptStoreError(f"pipeline state: position {position!r} is not a Parquet position")
         if position.get("files") != self._fp:
             raise ValueError("the Parquet files changed since the last commit (paths, sizes or modification times differ); resuming would skip or repeat rows")
-        self._file, self._row, self.rows = int(position["file"]), int(position["row"]), int(position["rows"])
+        f = _count(position.get("file"), "position.file", len(self.files))
+        row = _count(position.get("row"), "position.row", sum(self._meta[f]) if f < len(self.files) else 0)
+        rows = _count(position.get("rows"), "position.rows", sum(sum(m) for m in self._meta))
+        self._file, self._row, self.rows = f, row, rows
 
     def _group(self, f, row):
         """(array of the row group holding `row` of file `f`, its first row)."""
@@ -615,22 +636,6 @@ class ParquetSource:
             return None, start, pos
         arr = parts[0] if len(parts) == 1 else pa.concat_arrays([p.cast(parts[0].type) for p in parts])
         return StringTensor(arr), start, pos
-
-
-def _atomic_write(path, data: bytes):
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class ResumablePipeline:
@@ -671,18 +676,15 @@ class ResumablePipeline:
         self.batch_size = batch_size
         self.prefetch = prefetch
         self._state_path = os.path.join(self.state_dir, self.STATE)
-        st = {}
-        if os.path.exists(self._state_path):
-            with open(self._state_path, "rb") as f:
-                st = json.loads(f.read().decode())
+        st = self._load_state()
         self.user_state = st.get("user")
         self._committed_position = st.get("position")
-        self._commits = st.get("commits", 0)
-        self._dedup = ExactDedup(os.path.join(self.state_dir, "dedup"), max_memory=max_memory, committed=st.get("dedup", 0)) if dedup else None
+        self._commits = _count(st.get("commits", 0), "commits")
+        self._dedup = ExactDedup(os.path.join(self.state_dir, "dedup"), max_memory=max_memory, committed=_count(st.get("dedup", 0), "dedup")) if dedup else None
         self._near = None
         if near_dedup is not False:
             params = dict(near_dedup) if isinstance(near_dedup, dict) else {}
-            self._near = NearDedup(**params, path=os.path.join(self.state_dir, "near_dedup"), committed=st.get("near_dedup", 0))
+            self._near = NearDedup(**params, path=os.path.join(self.state_dir, "near_dedup"), committed=_count(st.get("near_dedup", 0), "near_dedup"))
         stage_list = list(stages) + [d for d in (self._dedup, self._near) if d is not None]
         self._pipe = TextPipeline(stage_list) if stage_list else None
         if isinstance(source, ParquetSource):
@@ -778,9 +780,24 @@ class ResumablePipeline:
                 d.commit_upto(c)
         self._commits += 1
         st = {"position": pos, "dedup": counts[0], "near_dedup": counts[1], "user": user_state, "commits": self._commits}
-        _atomic_write(self._state_path, json.dumps(st).encode())
+        _z._write_state(self._state_path, json.dumps(st).encode())
         self._committed_position = pos
         self.user_state = user_state
+
+    def _load_state(self) -> dict:
+        """The committed checkpoint (``{}`` before the first commit), read through zrecord's
+        door to bytes (a regular file of at most 64 MiB: a FIFO or device there is an error,
+        not a hang) and checked to be a JSON object."""
+        raw = _z._read_state(self._state_path, _MAX_STATE_BYTES)
+        if raw is None:
+            return {}
+        try:
+            st = json.loads(raw.decode())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise _z.CorruptStoreError(f"{self._state_path}: not a pipeline checkpoint ({e})") from None
+        if not isinstance(st, dict):
+            raise _z.CorruptStoreError(f"{self._state_path}: a pipeline checkpoint is a JSON object, found {type(st).__name__}")
+        return st
 
     @property
     def position(self):

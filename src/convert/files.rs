@@ -113,19 +113,25 @@ pub fn open_files(source: &str) -> Result<FileInput> {
         }
         if path.join("state.json").exists() {
             let state = read_json_file(&path.join("state.json"))?;
-            let files: Vec<PathBuf> = state
+            let names: Vec<&str> = state
                 .get("_data_files")
                 .and_then(|f| f.as_array())
                 .ok_or_else(|| Error::invalid("source", format!("{source}/state.json has no _data_files list")))?
                 .iter()
-                .map(|f| f.get("filename").and_then(|n| n.as_str()).map(|n| path.join(n)))
+                .map(|f| f.get("filename").and_then(|n| n.as_str()))
                 .collect::<Option<_>>()
                 .ok_or_else(|| Error::invalid("source", format!("{source}/state.json: a data file without a filename")))?;
-            for f in &files {
-                if f.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.contains('/') || n.contains("..")) {
-                    return Err(Error::invalid("source", format!("{source}/state.json names a file outside the folder: {}", f.display())));
-                }
+            if names.is_empty() {
+                return Err(Error::invalid("source", format!("{source}/state.json lists no data files")));
             }
+            // Every name stays inside the folder: no `..`, no absolute path, no symlink out.
+            let files = names
+                .iter()
+                .map(|n| {
+                    crate::io::join_contained(path, n)
+                        .map_err(|e| Error::invalid("source", format!("{source}/state.json names a file outside the folder ({n:?}): {e}")))
+                })
+                .collect::<Result<Vec<PathBuf>>>()?;
             if let Ok(i) = read_json_file(&path.join("dataset_info.json")) {
                 features = i.get("features").cloned();
                 info = Some(i);
@@ -158,7 +164,7 @@ pub fn open_files(source: &str) -> Result<FileInput> {
     for f in &files {
         readers.push(open_one(f, format)?);
     }
-    let schema = readers[0].0.clone();
+    let schema = readers.first().map(|r| r.0.clone()).ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "no data files found".into() })?;
     for (f, (s, _, _)) in files.iter().zip(&readers).skip(1) {
         if s.fields() != schema.fields() {
             return Err(Error::invalid("source", format!("{} has schema {s:?}, but {} has {schema:?}", f.display(), files[0].display())));
@@ -188,7 +194,7 @@ type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
 /// One file: its schema, its batches, and its row count when the file says.
 fn open_one(path: &Path, format: FileFormat) -> Result<(SchemaRef, Batches, Option<u64>)> {
-    let (file, _) = crate::io::open_regular(path)?
+    let (file, file_len) = crate::io::open_regular(path)?
         .ok_or_else(|| Error::NotFound { path: path.to_path_buf(), reason: "no such file".into() })?;
     let ctx = |e: arrow_schema::ArrowError| Error::Arrow(e).context(format!("reading {}", path.display()));
     let p = path.to_path_buf();
@@ -211,15 +217,25 @@ fn open_one(path: &Path, format: FileFormat) -> Result<(SchemaRef, Batches, Opti
             // (Hugging Face caches and save_to_disk folders use the stream format).
             let mut magic = [0u8; 6];
             let is_file = std::io::Read::read_exact(&mut file, &mut magic).is_ok() && &magic == b"ARROW1";
+            // Every message's sizes are checked against the file before arrow-rs reads it
+            // (it allocates a message body as announced), and any panic inside the reader is
+            // a typed error at this boundary.
+            super::ipc_check::check(&mut file, is_file, file_len).map_err(|reason| Error::corrupt(path, format!("not a well-formed Arrow IPC {}: {reason}", if is_file { "file" } else { "stream" })))?;
             file.rewind().map_err(|e| Error::io(path, e))?;
+            let p = path.to_path_buf();
+            let guard = move |what: &str, e: Box<dyn std::any::Any + Send>| super::ipc_check::panic_error(&p, what, e);
             if is_file {
-                let r = arrow_ipc::reader::FileReader::try_new(BufReader::new(file), None).map_err(ctx)?;
+                let r = std::panic::catch_unwind(move || arrow_ipc::reader::FileReader::try_new(BufReader::new(file), None))
+                    .map_err(|e| guard("opening", e))?
+                    .map_err(ctx)?;
                 let schema = r.schema();
-                (schema, Box::new(r.map(wrap)), None)
+                (schema, Box::new(super::ipc_check::Contained::new(r, path).map(wrap)), None)
             } else {
-                let r = arrow_ipc::reader::StreamReader::try_new(BufReader::new(file), None).map_err(ctx)?;
+                let r = std::panic::catch_unwind(move || arrow_ipc::reader::StreamReader::try_new(BufReader::new(file), None))
+                    .map_err(|e| guard("opening", e))?
+                    .map_err(ctx)?;
                 let schema = r.schema();
-                (schema, Box::new(r.map(wrap)), None)
+                (schema, Box::new(super::ipc_check::Contained::new(r, path).map(wrap)), None)
             }
         }
         FileFormat::Csv => {

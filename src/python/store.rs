@@ -379,6 +379,21 @@ pub(crate) fn open(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
     wrap_store(py, store)
 }
 
+/// The state file at `path` through the door to bytes: a regular file of at most `max_bytes`
+/// (`None` when missing); a FIFO, device or folder is an error, never a hang.
+#[pyfunction]
+pub(crate) fn _read_state(py: Python<'_>, path: PathBuf, max_bytes: u64) -> PyResult<Option<Py<pyo3::types::PyBytes>>> {
+    let bytes = py.detach(|| crate::io::read_optional(&path, max_bytes)).py_err()?;
+    Ok(bytes.map(|b| pyo3::types::PyBytes::new(py, &b).unbind()))
+}
+
+/// Replace the state file at `path` with `data` atomically and durably (never through a
+/// symlink).
+#[pyfunction]
+pub(crate) fn _write_state(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
+    py.detach(move || crate::io::write_atomic(&path, &data)).py_err()
+}
+
 /// Whether `path` (a folder or URL) is a single store (else a dataset root, or nothing).
 #[pyfunction]
 pub(crate) fn _is_store(py: Python<'_>, path: PathBuf) -> PyResult<bool> {

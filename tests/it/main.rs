@@ -21,5 +21,6 @@ mod roundtrip;
 mod scale;
 mod seams;
 mod sql;
+mod surfaces;
 mod text;
 mod zarr;
