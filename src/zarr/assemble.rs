@@ -615,6 +615,14 @@ impl Assembler {
         };
         let loc = meta.object(shard);
         let path = loc.path();
+        // The index size follows from metadata alone (chunks per shard): bounded like any read
+        // before a byte is fetched or allocated.
+        if *index_size > self.limits.max_read_bytes as u64 {
+            return Err(Error::invalid(
+                "max_read_bytes",
+                format!("'{}': the shard index of {} inner chunks is {index_size} bytes, more than limits.max_read_bytes = {}", meta.uri, per_shard.iter().product::<u64>(), self.limits.max_read_bytes),
+            ));
+        }
         let t0 = Instant::now();
         let Some((buf, len)) = loc.read_edge(*index_size, *index_at_start)? else {
             return Ok(ShardIndex { entries: None });

@@ -13,6 +13,8 @@ use zrecord::convert::open_files;
 use zrecord::demo::SplitMix64;
 use zrecord::prelude::*;
 
+use crate::common;
+
 fn batch(n: i64) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false), Field::new("s", DataType::Utf8, false)]));
     let s: Vec<String> = (0..n).map(|i| format!("row {i}")).collect();
@@ -264,4 +266,107 @@ fn dedup_state_files_are_never_written_through_symlinks() {
         }
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "{name}: the link's target changed");
     }
+}
+
+fn zarr_v3(dir: &Path, shape: u64, chunk: u64, codecs: serde_json::Value) {
+    std::fs::create_dir_all(dir.join("c")).unwrap();
+    let meta = serde_json::json!({
+        "zarr_format": 3, "node_type": "array", "shape": [shape], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0, "codecs": codecs,
+    });
+    std::fs::write(dir.join("zarr.json"), meta.to_string()).unwrap();
+}
+
+fn zstd_frame(data_len: usize, byte: u8) -> Vec<u8> {
+    let mut e = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    e.include_checksum(true).unwrap();
+    e.include_contentsize(false).unwrap();
+    let block = vec![byte; 1 << 20];
+    let mut left = data_len;
+    while left > 0 {
+        let n = left.min(block.len());
+        std::io::Write::write_all(&mut e, &block[..n]).unwrap();
+        left -= n;
+    }
+    e.finish().unwrap()
+}
+
+#[test]
+fn zarr_chunks_and_shard_indexes_are_bounded_before_they_are_decoded_or_read() {
+    use zrecord::zarr::{Assembler, CacheLimits, Limits, Query};
+    let dir = tempfile::tempdir().unwrap();
+    let asm = Assembler::new(Limits { decode_workers: 1, ..Limits::default() }, CacheLimits::default()).unwrap();
+    let zstd_checksum = serde_json::json!([{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 1, "checksum": true}}]);
+    // A zstd chunk with a checksum, honest: read back exactly.
+    let ok = dir.path().join("ok.zarr");
+    zarr_v3(&ok, 64, 64, zstd_checksum.clone());
+    std::fs::write(ok.join("c").join("0"), zstd_frame(64, 7)).unwrap();
+    let t = asm.read(ok.to_str().unwrap(), None, None, &Allocator::default()).unwrap();
+    assert_eq!(t.as_slice::<u8>().unwrap(), &[7u8; 64][..]);
+    // The same chunk expanding to 256 MiB (a few KiB stored, no content size in the header):
+    // an error at the chunk's 64 bytes, not a 256 MiB decode.
+    let bomb = dir.path().join("bomb.zarr");
+    zarr_v3(&bomb, 64, 64, zstd_checksum);
+    let frame = zstd_frame(256 << 20, 0);
+    assert!(frame.len() < 64 << 10, "{}", frame.len());
+    std::fs::write(bomb.join("c").join("0"), frame).unwrap();
+    let e = asm.read(bomb.to_str().unwrap(), None, None, &Allocator::default()).unwrap_err();
+    assert!(matches!(e, Error::Codec { .. }), "{e}");
+    // A shard of 2^28 inner chunks: a 4 GiB index by metadata alone, refused before any read
+    // (no shard file exists; the index size alone decides).
+    let sharded = dir.path().join("sharded.zarr");
+    let per = 1u64 << 28;
+    zarr_v3(
+        &sharded,
+        per,
+        per,
+        serde_json::json!([{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1], "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]),
+    );
+    std::fs::write(sharded.join("c").join("0"), b"tiny").unwrap();
+    let e = asm.gather(&[Query::crop(sharded.to_str().unwrap(), &[(0, 4)])], None, None, &Allocator::default()).unwrap_err();
+    assert!(e.to_string().contains("max_read_bytes") && e.to_string().contains("shard index"), "{e}");
+}
+
+const LIMITED_ENV: &str = "ZRECORD_SURFACES_LIMITED_DIR";
+
+/// Run only as the child of `inputs_announcing_gigabytes_fail_inside_a_memory_limit`: under a
+/// 3 GiB address-space limit, a 4 GiB zstd chunk bomb and a 1 TiB IPC body must be errors
+/// (an unbounded decode or allocation would abort this process).
+#[test]
+#[ignore = "helper process for inputs_announcing_gigabytes_fail_inside_a_memory_limit"]
+fn helper_bounded_reads_under_a_memory_limit() {
+    use zrecord::zarr::{Assembler, CacheLimits, Limits};
+    let Ok(dir) = std::env::var(LIMITED_ENV) else { return };
+    let dir = PathBuf::from(dir);
+    let limit = libc::rlimit { rlim_cur: 3 << 30, rlim_max: 3 << 30 };
+    // SAFETY: setrlimit reads the struct passed by reference.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+    let asm = Assembler::new(Limits { decode_workers: 1, ..Limits::default() }, CacheLimits::default()).unwrap();
+    let e = asm.read(dir.join("bomb.zarr").to_str().unwrap(), None, None, &Allocator::default()).unwrap_err();
+    println!("zarr: {e}");
+    let e = read_all(&dir.join("tib.arrow")).unwrap_err();
+    println!("ipc: {e}");
+    println!("done");
+}
+
+#[test]
+fn inputs_announcing_gigabytes_fail_inside_a_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.zarr");
+    zarr_v3(&bomb, 64, 64, serde_json::json!([{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 1, "checksum": true}}]));
+    std::fs::write(bomb.join("c").join("0"), zstd_frame(4 << 30, 0)).unwrap();
+    let mut s = ipc_stream(1);
+    patch_stream_body(&mut s, 1 << 40);
+    std::fs::write(dir.path().join("tib.arrow"), s).unwrap();
+    let (mut child, out) = common::spawn_helper("surfaces::helper_bounded_reads_under_a_memory_limit", (LIMITED_ENV, dir.path().display().to_string()));
+    let lines: Vec<String> = std::io::BufRead::lines(out).map_while(|l| l.ok()).collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {lines:?}");
+    assert!(lines.iter().any(|l| l.contains("zarr: ") && l.contains("chunk")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("ipc: ") && l.contains("body")), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "done"), "{lines:?}");
 }
