@@ -2,7 +2,8 @@
 # Coverage-guided fuzzing of everything that reads bytes a user did not write (libFuzzer via
 # cargo fuzz, AddressSanitizer). Usage:
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 600 s, every target)
-# Targets: store_mutate ragged_batch dataset_json copy_options arrow_convert (see fuzz/).
+# Targets: store_mutate ragged_batch dataset_json copy_options arrow_convert zarr_meta
+# convert_files text_state (see fuzz/).
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). The corpus grows in
 # fuzz/corpus/<target> (not committed) from the committed seeds in fuzz/seeds/<target>; a crash
 # leaves its input in fuzz/artifacts/<target> and fails the script. Set ZRECORD_FUZZ_TARGET_DIR
@@ -13,7 +14,7 @@ secs="${1:-600}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(store_mutate ragged_batch dataset_json copy_options arrow_convert)
+  targets=(store_mutate ragged_batch dataset_json copy_options arrow_convert zarr_meta convert_files text_state)
 fi
 export CARGO_TARGET_DIR="${ZRECORD_FUZZ_TARGET_DIR:-$PWD/target}"
 export LSAN_OPTIONS="suppressions=$PWD/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
