@@ -3,7 +3,7 @@
 # cargo fuzz, AddressSanitizer). Usage:
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 600 s, every target)
 # Targets: store_mutate ragged_batch dataset_json copy_options arrow_convert zarr_meta
-# convert_files text_state (see fuzz/).
+# convert_files text_state rendezvous flight_ticket (see fuzz/).
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). The corpus grows in
 # fuzz/corpus/<target> (not committed) from the committed seeds in fuzz/seeds/<target>; a crash
 # leaves its input in fuzz/artifacts/<target> and fails the script. Set ZRECORD_FUZZ_TARGET_DIR
@@ -14,7 +14,7 @@ secs="${1:-600}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(store_mutate ragged_batch dataset_json copy_options arrow_convert zarr_meta convert_files text_state)
+  targets=(store_mutate ragged_batch dataset_json copy_options arrow_convert zarr_meta convert_files text_state rendezvous flight_ticket)
 fi
 export CARGO_TARGET_DIR="${ZRECORD_FUZZ_TARGET_DIR:-$PWD/target}"
 export LSAN_OPTIONS="suppressions=$PWD/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
@@ -24,7 +24,7 @@ mkdir -p logs
 status=0
 printf '%-14s %10s %12s %8s %8s %s\n' target seconds executions exec/s cov crashes
 for t in "${targets[@]}"; do
-  mkdir -p "corpus/$t" "artifacts/$t"
+  mkdir -p "corpus/$t" "artifacts/$t" "seeds/$t"
   log="logs/$t.log"
   before=$(ls "artifacts/$t" | wc -l)
   set +e

@@ -24,5 +24,7 @@ pub(crate) mod node;
 mod shard;
 
 pub use comm::FileComm;
+#[doc(hidden)]
+pub use flight::answer_ticket;
 pub use node::{host_key, DistNode, DistOptions, DistReader, DistSource, Endpoint, Profile, ReaderSpec, ShardMeta, Transport};
 pub use shard::SharedRows;

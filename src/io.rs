@@ -33,7 +33,7 @@ pub(crate) mod sigbus;
 mod uri;
 
 pub use local::{
-    create_dir_all, create_new, join_contained, list_dir, open_regular, open_state, path_taken, read_bounded, read_optional, remove_file, remove_tree, stat, write_atomic,
+    canonical, create_dir_all, create_new, join_contained, list_dir, open_regular, open_state, path_taken, read_bounded, read_link, read_optional, remove_file, remove_tree, stat, write_atomic,
     write_atomic_with, DirEntry, LocalFolder, Mapped, PreadFile,
 };
 pub use uri::{is_url, local_path, Uri};

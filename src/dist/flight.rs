@@ -325,6 +325,29 @@ impl ShardService {
     }
 }
 
+/// Answer one `DoGet` ticket the way a rank serving `source` as variable `name` does, and
+/// drain the reply: the number of reply messages and the row bytes they carry, or the error
+/// status. For the `flight_ticket` fuzz target (hostile tickets); not part of the API.
+#[doc(hidden)]
+pub fn answer_ticket(name: &str, source: Arc<dyn RecordSource>, ticket: &[u8]) -> std::result::Result<(usize, usize), String> {
+    let shards: Shards = Arc::new(RwLock::new(HashMap::from([(name.to_string(), Served { source, rows: None })])));
+    let service = ShardService { shards, allocator: Allocator::default() };
+    let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let mut stream = service.do_get(ticket).await.map_err(|s| s.message().to_string())?;
+        let (mut messages, mut bytes) = (0, 0);
+        while let Some(reply) = stream.next().await {
+            messages += 1;
+            bytes += match reply.map_err(|s| s.message().to_string())? {
+                Reply::Message(m) => m.data_body.len(),
+                Reply::Shared { rows, range, .. } => range.len() * rows.row_bytes(),
+                Reply::Gathered { data, .. } => data.len(),
+            };
+        }
+        Ok((messages, bytes))
+    })
+}
+
 /// `DoGet` of the Flight protocol served with [`ReplyCodec`].
 struct DoGet(Arc<ShardService>);
 

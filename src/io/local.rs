@@ -481,6 +481,17 @@ pub fn path_taken(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
+/// The target of symlink `path` (kernel links under `/proc` name namespaces this way).
+pub fn read_link(path: &Path) -> Result<PathBuf> {
+    std::fs::read_link(path).map_err(|e| Error::io(path, e))
+}
+
+/// `path` absolute with every symlink resolved (what another process on this host can open
+/// whatever its working folder), or `path` unchanged when it cannot be resolved.
+pub fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// Size and modification time of the file at `path` (following symlinks), without opening it.
 pub fn stat(path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
     let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;

@@ -136,7 +136,8 @@ impl PyConverter {
         crate::python::PyPath(self.path.clone())
     }
 
-    /// Publish the root; returns `{"path", "rows", "bytes", "streams": [(name, layout, codec)]}`.
+    /// Publish the root; returns `{"path", "rows", "bytes", "streams": [(name, record type, codec)]}`
+    /// (record type as text: `"float32 dense [2, 3]"`, `"uint8 ragged ndim 3"`).
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.state.lock().unwrap_or_else(|p| p.into_inner()).take();
         let c = c.ok_or_else(|| to_py(Error::Closed { what: "converter (finished, aborted, or failed: nothing more is published)" }))?;
@@ -146,7 +147,7 @@ impl PyConverter {
         d.set_item("rows", report.rows)?;
         d.set_item("bytes", report.bytes)?;
         let streams: Vec<(String, String, String)> =
-            report.streams.into_iter().map(|(n, l, c)| (n, format!("{l:?}"), c.name().to_string())).collect();
+            report.streams.into_iter().map(|(n, l, c)| (n, l.to_string(), c.name().to_string())).collect();
         d.set_item("streams", streams)?;
         Ok(d)
     }

@@ -91,7 +91,7 @@ impl PyDistNode {
         } else {
             None
         };
-        let path = path.filter(|p| !crate::io::is_url(p)).map(|p| std::fs::canonicalize(&p).unwrap_or(p).to_string_lossy().into_owned());
+        let path = path.filter(|p| !crate::io::is_url(p)).map(|p| crate::io::canonical(std::path::Path::new(&p)).to_string_lossy().into_owned());
         let meta = self.node.add_source(name, view.source().clone(), path).py_err()?;
         serde_json::to_string(&meta).map_err(|e| json_err("shard", e))
     }

@@ -615,12 +615,14 @@ impl Assembler {
         };
         let loc = meta.object(shard);
         let path = loc.path();
-        // The index size follows from metadata alone (chunks per shard): bounded like any read
-        // before a byte is fetched or allocated.
-        if *index_size > self.limits.max_read_bytes as u64 {
+        // The index size follows from metadata alone (chunks per shard): bounded before a byte
+        // is fetched or allocated. An index is read whole and decoded like a chunk, so either
+        // limit admits it (a small max_read_bytes caps merging, not the index).
+        let cap = self.limits.max_read_bytes.max(self.limits.max_chunk_bytes) as u64;
+        if *index_size > cap {
             return Err(Error::invalid(
                 "max_read_bytes",
-                format!("'{}': the shard index of {} inner chunks is {index_size} bytes, more than limits.max_read_bytes = {}", meta.uri, per_shard.iter().product::<u64>(), self.limits.max_read_bytes),
+                format!("'{}': the shard index of {} inner chunks is {index_size} bytes, more than limits.max_read_bytes / max_chunk_bytes allow ({cap})", meta.uri, per_shard.iter().product::<u64>()),
             ));
         }
         let t0 = Instant::now();

@@ -370,3 +370,38 @@ fn inputs_announcing_gigabytes_fail_inside_a_memory_limit() {
     assert!(lines.iter().any(|l| l.contains("ipc: ") && l.contains("body")), "{lines:?}");
     assert!(lines.iter().any(|l| l == "done"), "{lines:?}");
 }
+
+fn ticket(name: &str, ids: &[u64]) -> Vec<u8> {
+    let mut t = (name.len() as u32).to_le_bytes().to_vec();
+    t.extend_from_slice(name.as_bytes());
+    ids.iter().for_each(|i| t.extend_from_slice(&i.to_le_bytes()));
+    t
+}
+
+#[test]
+fn flight_tickets_out_of_range_or_malformed_are_statuses_and_the_rank_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("d.zrec");
+    let mut w = DenseWriter::create(&p, DType::UInt16, &[3], WriterOptions::default()).unwrap();
+    w.append_slice(&(0..30u16).collect::<Vec<_>>()).unwrap();
+    w.finish().unwrap();
+    let source = Store::open(&p).unwrap().source();
+    let answer = |t: &[u8]| zrecord::dist::answer_ticket("v", source.clone(), t);
+    // Exactly the rows named: schema + one message of 2 rows x 6 bytes.
+    assert_eq!(answer(&ticket("v", &[9, 0])), Ok((2, 12)));
+    assert_eq!(answer(&ticket("v", &[])), Ok((1, 0)));
+    let hostile: Vec<Vec<u8>> = vec![
+        ticket("v", &[10]),
+        ticket("v", &[3, u64::MAX]),
+        ticket("w", &[0]),
+        ticket("v", &[0])[..11].to_vec(),
+        vec![0xff, 0xff, 0xff, 0x7f, b'v'],
+        vec![1, 0, 0, 0, 0xc3],
+        Vec::new(),
+    ];
+    for t in &hostile {
+        let e = answer(t).expect_err(&format!("ticket {t:?} answered"));
+        assert!(e.contains("out of range") || e.contains("malformed") || e.contains("no variable 'w'"), "{t:?}: {e}");
+        assert_eq!(answer(&ticket("v", &[2])), Ok((2, 6)), "the rank keeps serving after {t:?}");
+    }
+}

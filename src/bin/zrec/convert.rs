@@ -81,7 +81,7 @@ pub(super) fn convert(a: ConvertArgs) -> Result<()> {
         report.rows as f64 / secs.max(1e-9)
     );
     for (name, layout, codec) in &report.streams {
-        println!("  {name:<20} {layout:?}  {codec}");
+        println!("  {name:<20} {layout}  {codec}");
     }
     Ok(())
 }

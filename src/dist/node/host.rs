@@ -6,7 +6,7 @@ use super::*;
 /// This host's identity: machines differ by boot id, network namespaces by their inode.
 pub fn host_key() -> String {
     let boot = crate::io::read_bounded(std::path::Path::new("/proc/sys/kernel/random/boot_id"), 4096).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    let net = std::fs::read_link("/proc/self/ns/net").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let net = crate::io::read_link(std::path::Path::new("/proc/self/ns/net")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
     format!("{}/{net}", boot.trim())
 }
 
