@@ -332,9 +332,9 @@ impl ShardService {
 pub fn answer_ticket(name: &str, source: Arc<dyn RecordSource>, ticket: &[u8]) -> std::result::Result<(usize, usize), String> {
     let shards: Shards = Arc::new(RwLock::new(HashMap::from([(name.to_string(), Served { source, rows: None })])));
     let service = ShardService { shards, allocator: Allocator::default() };
-    let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let mut stream = service.do_get(ticket).await.map_err(|s| s.message().to_string())?;
+    let ticket = ticket.to_vec();
+    crate::io::runtime::block(async move {
+        let mut stream = service.do_get(&ticket).await.map_err(|s| s.message().to_string())?;
         let (mut messages, mut bytes) = (0, 0);
         while let Some(reply) = stream.next().await {
             messages += 1;
