@@ -58,7 +58,7 @@ def soak(path, seconds=None, batches=None, pool=64 << 20, workers=2, prefetch=4,
     """Run the loader, sampling every `every` batches (few enough that the samples themselves
     do not show up as growth); returns (samples, leaks) where leaks lists what grew."""
     store = z.DenseStore(path)
-    alloc = z.Allocator(pool_size=pool)
+    alloc = z.Allocator(pool_size_bytes=pool)
     view = store.bind(alloc)
     samples = []
     leaks = []

@@ -23,6 +23,8 @@
 compile_error!("zrecord supports little-endian targets only");
 
 pub mod arrow;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod convert;
 #[cfg(feature = "dist")]
 pub mod dist;

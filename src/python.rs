@@ -1,6 +1,7 @@
 //! Python bindings (feature `python`): thin wrappers over the Rust API, no logic of their own
 //! beyond argument conversion. The GIL is released during append, gather and verify.
 
+mod cli;
 mod convert;
 mod dataset;
 mod dist;
@@ -79,6 +80,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dist::PyFileComm>()?;
     m.add_class::<zarr::PyZarrPipeline>()?;
     m.add_class::<zarr::PyZarrReader>()?;
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(store::open, m)?)?;
     m.add_function(wrap_pyfunction!(store::_is_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::_read_state, m)?)?;

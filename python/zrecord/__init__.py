@@ -40,7 +40,7 @@ from ._zrecord import (
     train_dict,
 )
 from ._zrecord import open as _open
-from ._zrecord import register_storage_options as _register_storage_options
+from ._zrecord import _set_storage_options as _register_storage_options
 from ._zrecord import open_files
 from .convert import convert
 
@@ -121,26 +121,18 @@ def to_arrow(view, indices=None):
     return pa.Table.from_batches([batch])
 
 
-def _view_to_arrow(self, indices=None):
-    return to_arrow(self, indices)
-
-
-DenseView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
-RaggedView.to_arrow = _view_to_arrow  # type: ignore[attr-defined]
-
-
-def write_dataset(data, path, codec="raw", level=None, data_shards=None, allow_empty=False, progress=None):
+def write_dataset(data, path, codec="zstd", level=3, data_shards=4, allow_empty=False, progress=None):
     """Write any Arrow data (a ``pyarrow.Table`` or ``RecordBatchReader``, a polars
     ``DataFrame``, a Hugging Face ``Dataset``'s ``.data.table``, anything with
     ``__arrow_c_stream__``) as a new dataset root at ``path``: one stream per column, the same
     type mapping as ``COPY ... STORED AS ZRECORD``, streamed batch by batch (the input is never
     collected in memory) and published atomically. Returns the record count. ``progress``: None
-    shows a tqdm bar when the write runs over 2 s (tqdm installed), True at once, False never."""
-    kwargs = {"codec": str(codec), "allow_empty": bool(allow_empty)}
-    if level is not None:
-        kwargs["level"] = int(level)
-    if data_shards is not None:
-        kwargs["data_shards"] = int(data_shards)
+    shows a tqdm bar when the write runs over 2 s (tqdm installed), True at once, False never.
+
+    The defaults are :func:`zrecord.convert`'s (which also takes Hugging Face datasets and
+    files, and returns a report); :class:`DatasetWriter` is the streaming object behind this
+    function (append batches yourself, publish on ``close``)."""
+    kwargs = {"codec": str(codec), "allow_empty": bool(allow_empty), "level": int(level), "data_shards": int(data_shards)}
     with DatasetWriter(path, **kwargs) as w:
         w.write(data, progress=progress)
     return len(w)

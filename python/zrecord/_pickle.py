@@ -27,10 +27,10 @@ def with_storage_options(prefix, options, f, args):
     """Unpickle ``f(*args)`` after registering the storage options the pickling process had for
     ``prefix`` (an object on object storage carries them). Options this process registered
     itself for that prefix win: a worker that set its own credentials keeps them."""
-    from ._zrecord import _storage_options_registered, register_storage_options
+    from ._zrecord import _set_storage_options, _storage_options_registered
 
     if options and not _storage_options_registered(prefix):
-        register_storage_options(prefix, dict(options))
+        _set_storage_options(prefix, dict(options))
     return f(*args)
 
 

@@ -34,10 +34,13 @@ def _hf_batches(ds, columns, batch_rows):
     import numpy as np
     import pyarrow as pa
 
-    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+    table = getattr(getattr(ds, "data", None), "table", getattr(ds, "data", None))
+    indices = _private_indices(ds)
+    if indices is _UNKNOWN or not isinstance(table, pa.Table):
+        yield from _hf_batches_public(ds, columns, batch_rows)
+        return
     if columns is not None:
         table = table.select(list(columns))
-    indices = ds._indices
     if indices is None:
         yield from table.to_batches(max_chunksize=batch_rows)
         return
@@ -55,6 +58,34 @@ def _hf_batches(ds, columns, batch_rows):
             part = table.take(pa.array(arr, type=pa.uint64()))
         # No combine_chunks: the converter gathers small batches itself (one copy, not two).
         yield from part.to_batches(max_chunksize=batch_rows)
+
+
+_UNKNOWN = object()
+
+
+def _private_indices(ds):
+    """``datasets.Dataset``'s private indices mapping (a pyarrow table of row ids, or None when
+    the rows are in table order), or ``_UNKNOWN`` when this ``datasets`` version keeps it some
+    other way: then conversion takes the public, slower path (``_hf_batches_public``)."""
+    import pyarrow as pa
+
+    indices = getattr(ds, "_indices", _UNKNOWN)
+    if indices is None or indices is _UNKNOWN:
+        return indices
+    table = getattr(indices, "table", indices)
+    if isinstance(table, pa.Table) and table.num_columns == 1 and pa.types.is_integer(table.schema.field(0).type):
+        return indices
+    return _UNKNOWN
+
+
+def _hf_batches_public(ds, columns, batch_rows):
+    """The same batches through public ``datasets`` API only (``select_columns``,
+    ``with_format("arrow")``, ``iter``): used when the private indices mapping is not what
+    ``_hf_batches`` reads."""
+    if columns is not None:
+        ds = ds.select_columns(list(columns))
+    for t in ds.with_format("arrow").iter(batch_size=batch_rows):
+        yield from t.to_batches(max_chunksize=batch_rows)
 
 
 #: DatasetInfo fields kept in dataset.json (the CLI keeps the same from dataset_info.json).
@@ -120,12 +151,13 @@ class _Progress:
         self.t0 = time.perf_counter()
         if callable(progress):
             self.callback = progress
-        elif progress:
+        else:
             from . import _progress
 
-            # progress=True (the default here) still honours ZRECORD_PROGRESS=0.
-            if _progress.enabled(None):
-                self.bar = _progress.bar(total, "convert", "rows", True)
+            # None (the default, as everywhere): a bar once the conversion runs over 2 s; True
+            # at once; ZRECORD_PROGRESS=0 turns both off.
+            if _progress.enabled(None if progress else False):
+                self.bar = _progress.bar(total, "convert", "rows", progress)
 
     def update(self, rows, nbytes):
         if self.callback is not None:
@@ -149,7 +181,7 @@ def convert(
     data_shards=4,
     dict_bytes=None,
     train_dict=False,
-    progress=True,
+    progress=None,
     decode_images=None,
     image_mode=None,
     resize=None,
@@ -175,8 +207,13 @@ def convert(
     Pillow's ``Image.convert(mode)`` does (grey is ITU-R 601-2 luma in Pillow's fixed point):
     PNG input equals Pillow byte for byte in every mode; JPEG input differs from Pillow only by
     the two libraries' JPEG decoders (measured in the tests: at most a few levels per sample).
-    ``progress``: ``True`` shows a tqdm bar when tqdm is installed, a callable is called with
-    ``(rows, bytes)`` after every batch, ``False`` is silent.
+    ``progress``: ``None`` (the default) shows a tqdm bar when tqdm is installed and the
+    conversion runs over 2 s, ``True`` at once, a callable is called with ``(rows, bytes)``
+    after every batch, ``False`` is silent.
+
+    :func:`zrecord.write_dataset` is the same write for Arrow-shaped data with the same
+    defaults (``codec="zstd"``, ``level=3``, ``data_shards=4``, ``allow_empty=False``,
+    ``progress=None``); :class:`zrecord.Converter` is the streaming object behind this function.
     """
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or not 1 <= batch_rows <= 1 << 24:
         raise ValueError(f"batch_rows must be an int in 1..=16777216, got {batch_rows!r}")

@@ -7,7 +7,10 @@ stream and returns per-record views of it. The source pickles as paths and optio
 worker processes reopen the stores.
 
 >>> import grain
->>> ds = grain.MapDataset.source(zrecord.grain.DataSource("tokens.zrec")).batch(32)  # doctest: +SKIP
+>>> ds = grain.MapDataset.source(zrecord.grain.DataSource("tokens.zrec")).batch(32, batch_fn=zrecord.grain.ragged_batch)  # doctest: +SKIP
+
+Grain's default batching stacks records, which fails for ragged streams (records of different
+shapes): :func:`ragged_batch` is the ``batch_fn`` that packs them instead.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 from . import _zrecord as _z
 from ._sources import streams_of, text_records
 
-__all__ = ["DataSource"]
+__all__ = ["DataSource", "ragged_batch"]
 
 
 def _records(batch: Any, logical: str) -> list:
@@ -65,3 +68,46 @@ class DataSource:
 
     def __repr__(self) -> str:
         return f"zrecord.grain.DataSource({self._len} records, streams={list(self.streams)})"
+
+
+def _batch(items: list, pad_value: Any) -> Any:
+    if isinstance(items[0], (str, bytes)):
+        return list(items)
+    arrs = [np.asarray(x) for x in items]
+    first = arrs[0]
+    if all(a.shape == first.shape and a.dtype == first.dtype for a in arrs):
+        return np.stack(arrs)
+    if any(a.ndim != first.ndim for a in arrs):
+        raise ValueError(f"records of one field have different ndims: {sorted({a.ndim for a in arrs})}")
+    dtype = np.result_type(*arrs)
+    shapes = np.array([a.shape for a in arrs], dtype=np.uint64).reshape(len(arrs), first.ndim)
+    if pad_value is None:
+        sizes = np.array([a.size for a in arrs], dtype=np.int64)
+        if sizes.sum() > np.iinfo(np.int32).max:
+            raise ValueError(f"a packed batch holds {int(sizes.sum())} values, more than int32 cu_seqlens address")
+        cu = np.zeros(len(arrs) + 1, dtype=np.int32)
+        np.cumsum(sizes, out=cu[1:])
+        values = np.concatenate([a.reshape(-1) for a in arrs]).astype(dtype, copy=False) if arrs else np.zeros(0, dtype)
+        return {"values": values, "cu_seqlens": cu, "shapes": shapes}
+    top = shapes.max(axis=0).astype(np.int64) if len(arrs) else np.zeros(first.ndim, np.int64)
+    out = np.full((len(arrs), *top.tolist()), pad_value, dtype=dtype)
+    for k, a in enumerate(arrs):
+        out[(k, *(slice(0, d) for d in a.shape))] = a
+    return {"values": out, "shapes": shapes}
+
+
+def ragged_batch(elements: Sequence[Any], pad_value: Any = None) -> Any:
+    """A Grain ``batch_fn`` (``MapDataset.batch(n, batch_fn=zrecord.grain.ragged_batch)``) for
+    records of different shapes. Per field (or for the records themselves, one stream): records
+    of one shape and dtype are stacked as Grain does; ``str`` / ``bytes`` records stay a list;
+    records of different shapes are packed like :class:`zrecord.RaggedBatch`:
+    ``{"values": 1-D concatenation, "cu_seqlens": int32 [n + 1] offsets into values,
+    "shapes": uint64 [n, ndim]}``. With ``pad_value`` (``functools.partial(ragged_batch,
+    pad_value=0)``) they are padded instead: ``{"values": [n, *max shape] filled with
+    pad_value, "shapes": uint64 [n, ndim]}``."""
+    if not len(elements):
+        raise ValueError("ragged_batch got no records")
+    first = elements[0]
+    if isinstance(first, dict):
+        return {k: _batch([e[k] for e in elements], pad_value) for k in first}
+    return _batch(list(elements), pad_value)

@@ -125,8 +125,32 @@ class StringTensor:
     def __len__(self) -> int:
         return len(self._t)
 
-    def __getitem__(self, i: int) -> str | None:
-        return self._t[i]
+    def __getitem__(self, key: Any) -> Any:
+        """``t[i]`` is one string (``None`` for a null); ``t[1:3]``, ``t[::-1]``, ``t[[3, 0, -1]]``
+        (positions, negative from the end) and ``t[mask]`` (a boolean array as long as ``t``)
+        are StringTensors, like NumPy's basic and fancy indexing."""
+        np = _np()
+        if isinstance(key, slice):
+            return StringTensor._wrap(self._t.take(np.arange(*key.indices(len(self)), dtype=np.int64)))
+        if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+            return self._t[int(key)]
+        if isinstance(key, (bool, np.bool_)) or key is None or isinstance(key, (str, bytes, float)):
+            raise TypeError(f"StringTensor indices must be integers, slices, integer arrays or boolean masks, not {type(key).__name__}")
+        arr = np.asarray(key)
+        if arr.dtype == bool:
+            if arr.shape != (len(self),):
+                raise IndexError(f"boolean mask of shape {arr.shape} for {len(self)} strings")
+            return self.filter(arr)
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise TypeError(f"StringTensor index arrays must be 1-d integers, got {arr.dtype} of shape {arr.shape}")
+        arr = arr.astype(np.int64)
+        n = len(self)
+        bad = (arr < -n) | (arr >= n)
+        if bad.any():
+            raise IndexError(f"index {int(arr[bad][0])} out of range for {n} strings")
+        return StringTensor._wrap(self._t.take(np.where(arr < 0, arr + n, arr)))
 
     def __iter__(self):
         return iter(self._t.to_list())
@@ -268,6 +292,12 @@ class _Stage:
             return text if keep else None
         text, keep = self._pipeline().run(_as_tensor(strings)._t)
         return StringTensor._wrap(text), _np().from_dlpack(keep)
+
+    def kept(self, strings: Any) -> StringTensor:
+        """Only the rows the stage keeps, transformed, in input order (``text.filter(keep)`` of
+        ``(text, keep) = stage(strings)``, in one call)."""
+        text, keep = self(_as_tensor(strings))
+        return text.filter(keep)
 
     def arrow(self, array: Any):
         """Arrow string array -> (pyarrow ``string_view`` array, NumPy keep mask)."""
@@ -822,13 +852,20 @@ class ResumablePipeline:
         self.close()
 
 
-def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", drop: bool = True, tokenizer: Tokenizer | None = None,
+def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", drop: bool = True, tokenizer: Any = None,
                  max_length: int | None = None, pad_id: int = 0):
     """A ``collate_fn`` for ``torch.utils.data.DataLoader``: takes a list of samples (``str``
     or dicts with ``field``), runs the stages fused on the batch and returns a
     :class:`StringTensor` of the kept texts (``drop=False``: ``(texts, keep)``). With a
     ``tokenizer`` it returns ``{"input_ids", "attention_mask"}`` torch tensors (padded, capped
-    at ``max_length``) of the kept texts instead."""
+    at ``max_length``) of the kept texts instead. ``tokenizer`` is a :class:`Tokenizer` (a
+    ``tokenizer.json`` run in Rust, int32 ids, bool mask, ``pad_id`` fills) or a Hugging Face
+    tokenizer callable (``transformers`` ``AutoTokenizer.from_pretrained(...)``), called as
+    ``tokenizer(texts, padding=True, truncation=max_length is not None, max_length=max_length,
+    return_tensors="pt")`` with its own pad token; its other outputs (``token_type_ids``...) are
+    kept."""
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer) and not callable(tokenizer):
+        raise TypeError(f"tokenizer must be a zrecord.text.Tokenizer or a callable Hugging Face tokenizer, got {type(tokenizer).__name__}")
     pipe = TextPipeline(list(stages)) if stages else None
 
     def collate(samples):
@@ -843,6 +880,9 @@ def make_collate(stages: Sequence[_Stage] = (), *, field: str | None = "text", d
             return t if (drop or keep is None) else (t, keep)
         import torch
 
+        if not isinstance(tokenizer, Tokenizer):
+            out = tokenizer(t.to_list(), padding=True, truncation=max_length is not None, max_length=max_length, return_tensors="pt")
+            return dict(out)
         ids, mask = tokenizer.encode_padded(t, max_length=max_length, pad_id=pad_id)
         return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 

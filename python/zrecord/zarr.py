@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import atexit
+import itertools
 import weakref
 
 from ._zrecord import _ZarrPipeline, _ZarrReader
@@ -168,8 +169,9 @@ class IndexQuery:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Output shape (slices counted as written: an open or negative end needs the array,
-        see ``shape_in``)."""
+        """Output shape. A slice with an open or negative end (``[:, -64:]``) is resolved
+        against the array's shape, read once from its metadata (the module's shared reader
+        caches it); ``shape_in`` computes it for a given array shape without any read."""
         out = []
         for a in self._axes:
             if a[0] == "index":
@@ -177,7 +179,7 @@ class IndexQuery:
             else:
                 _, start, stop, step = a
                 if start is None or stop is None or start < 0 or stop < 0:
-                    raise ValueError("this slice's length depends on the array shape; use shape_in(array_shape)")
+                    return self.shape_in(info(self.uri, self.level)["shape"])
                 out.append(len(range(start, stop, step)))
         return tuple(out)
 
@@ -319,32 +321,65 @@ class Pipeline:
         if not isinstance(output, BatchSpec):
             raise TypeError("output must be a zrecord.zarr.BatchSpec")
         queues = queues or QueueLimits()
-        dtype = _dtype(output.dtype)
-        if dtype is None:
-            raise ValueError("BatchSpec.dtype 'same' needs the source type: name it (e.g. 'uint16')")
         self.output = output
-        self._p = _ZarrPipeline(
-            _int(output.samples, "samples"),
-            [_int(s, "shape") for s in output.shape],
-            dtype,
-            _limits(limits or Limits(), cache),
-            _int(queues.lookahead_samples, "lookahead_samples"),
-            _int(queues.prepared_batches, "prepared_batches"),
-        )
+        samples, shape = _int(output.samples, "samples"), [_int(s, "shape") for s in output.shape]
+        limits_d = _limits(limits or Limits(), cache)
+        lookahead, prepared = _int(queues.lookahead_samples, "lookahead_samples"), _int(queues.prepared_batches, "prepared_batches")
+        # dtype "same": the batches take the type of the first pushed sample's array, so the
+        # native pipeline (whose batch slots are sized by the type) starts at the first push.
+        self._make = lambda dtype: _ZarrPipeline(samples, shape, dtype, limits_d, lookahead, prepared)
+        self._finished = False
+        self._closed = False
+        self._dtype = _dtype(output.dtype)
+        self._p = None if self._dtype is None else self._make(self._dtype)
         _LIVE.add(self)
+
+    def _start(self, first: Any) -> None:
+        if self._closed:
+            raise ValueError("the pipeline is closed")
+        if not isinstance(first, (Sample, IndexQuery)):
+            _query(first)  # the TypeError naming what was pushed
+        self._dtype = info(first.uri, first.level)["dtype"]
+        self._p = self._make(self._dtype)
+        if self._finished:
+            self._p.finish()
 
     def push(self, samples: Iterable[Any]) -> None:
         if isinstance(samples, (Sample, IndexQuery)):
             samples = [samples]
         if isinstance(samples, (list, tuple)):
-            self._p.push([_query(q) for q in samples])  # finite: checked now
+            queries = [_query(q) for q in samples]  # finite: checked now
+            if self._p is None:
+                if not samples:
+                    return
+                self._start(samples[0])
+            self._p.push(queries)
         else:
+            if self._p is None:
+                it = iter(samples)
+                for first in it:
+                    self._start(first)
+                    samples = itertools.chain([first], it)
+                    break
+                else:
+                    return
             self._p.push(map(_query, samples))  # pulled lazily; a bad item becomes the pipeline's error
 
+    @property
+    def dtype(self) -> str | None:
+        """The batches' element type (``None`` until the first push when the spec says "same")."""
+        return self._dtype
+
     def finish(self) -> None:
-        self._p.finish()
+        self._finished = True
+        if self._p is not None:
+            self._p.finish()
 
     def pop(self, timeout: float | None = None) -> Batch:
+        if self._p is None:
+            if self._closed:
+                raise ValueError("the pipeline is closed")
+            raise ValueError("no samples pending: nothing was pushed yet")
         t, i = self._p.pop(timeout)
         return Batch(t, i, self._p)
 
@@ -365,14 +400,18 @@ class Pipeline:
         """Per-stage counters: samples, batches, reads, bytes_read, selected_bytes,
         read_amplification, chunks_decoded, chunks_filled, decode/read/assemble seconds,
         cache hits and misses."""
+        if self._p is None:
+            return {}
         return self._p.stats()
 
     def close(self) -> None:
-        self._p.close()
+        self._closed = True
+        if self._p is not None:
+            self._p.close()
 
     @property
     def closed(self) -> bool:
-        return self._p.closed
+        return self._closed if self._p is None else self._p.closed
 
     def __enter__(self) -> "Pipeline":
         return self

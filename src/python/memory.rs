@@ -40,12 +40,23 @@ pub struct PyAllocator {
 #[pymethods]
 impl PyAllocator {
     #[new]
-    #[pyo3(signature = (device = "cpu", pool_size = DEFAULT_POOL_SIZE_BYTES, max_bytes = None))]
-    fn new(device: &str, pool_size: usize, max_bytes: Option<usize>) -> PyResult<Self> {
+    /// `pool_size_bytes` bounds idle pooled bytes, `max_bytes` caps live bytes. `pool_size=`
+    /// is the old name of `pool_size_bytes` (still accepted, with a DeprecationWarning).
+    #[pyo3(signature = (device = "cpu", pool_size_bytes = None, max_bytes = None, *, pool_size = None))]
+    fn new(py: Python<'_>, device: &str, pool_size_bytes: Option<usize>, max_bytes: Option<usize>, pool_size: Option<usize>) -> PyResult<Self> {
         if device != "cpu" {
             return Err(PyValueError::new_err(format!("device '{device}' is not supported; this build places batches on 'cpu'")));
         }
-        Ok(PyAllocator { inner: Allocator::cpu_with_limit(pool_size, max_bytes) })
+        let pool = match (pool_size_bytes, pool_size) {
+            (Some(_), Some(_)) => return Err(PyTypeError::new_err("Allocator() got both pool_size_bytes and its old name pool_size")),
+            (Some(b), None) => b,
+            (None, Some(b)) => {
+                deprecated(py, "Allocator(pool_size=...) is deprecated: use pool_size_bytes=")?;
+                b
+            }
+            (None, None) => DEFAULT_POOL_SIZE_BYTES,
+        };
+        Ok(PyAllocator { inner: Allocator::cpu_with_limit(pool, max_bytes) })
     }
 
     /// Hard cap on live bytes (size classes), or None. A batch past it raises MemoryError.
@@ -62,8 +73,15 @@ impl PyAllocator {
 
     /// Bound on idle pooled bytes.
     #[getter]
-    fn pool_size(&self) -> usize {
+    fn pool_size_bytes(&self) -> usize {
         self.inner.pool_size_bytes()
+    }
+
+    /// Old name of `pool_size_bytes` (DeprecationWarning).
+    #[getter]
+    fn pool_size(&self, py: Python<'_>) -> PyResult<usize> {
+        deprecated(py, "Allocator.pool_size is deprecated: use pool_size_bytes")?;
+        Ok(self.inner.pool_size_bytes())
     }
 
     /// Counters: live_bytes, idle_bytes, reused, fresh.
@@ -99,8 +117,8 @@ impl PyAllocator {
 
     fn __repr__(&self) -> String {
         match self.inner.max_bytes() {
-            Some(m) => format!("Allocator('cpu', pool_size={}, max_bytes={m})", self.inner.pool_size_bytes()),
-            None => format!("Allocator('cpu', pool_size={})", self.inner.pool_size_bytes()),
+            Some(m) => format!("Allocator('cpu', pool_size_bytes={}, max_bytes={m})", self.inner.pool_size_bytes()),
+            None => format!("Allocator('cpu', pool_size_bytes={})", self.inner.pool_size_bytes()),
         }
     }
 
@@ -506,4 +524,20 @@ impl PyArrowBatch {
     fn num_rows(&self) -> usize {
         self.batch.num_rows()
     }
+}
+
+/// Emit a `DeprecationWarning` (stack level: the caller's line).
+fn deprecated(py: Python<'_>, msg: &str) -> PyResult<()> {
+    let cat = py.get_type::<pyo3::exceptions::PyDeprecationWarning>();
+    let msg = std::ffi::CString::new(msg).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    PyErr::warn(py, &cat, &msg, 1)
+}
+
+/// `pyarrow.Table.from_batches([pyarrow.record_batch(batch)])`: a view's records as a table
+/// sharing the gathered memory (the Arrow PyCapsule interface carries it, no copy).
+pub(crate) fn arrow_table(py: Python<'_>, batch: PyArrowBatch) -> PyResult<Py<PyAny>> {
+    let pa = py.import("pyarrow")?;
+    let rb = pa.call_method1("record_batch", (batch,))?;
+    let table = pa.getattr("Table")?.call_method1("from_batches", (vec![rb],))?;
+    Ok(table.unbind())
 }

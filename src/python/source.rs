@@ -313,6 +313,13 @@ impl PySourceView {
         self.batch_to_py(py, b, false)
     }
 
+    /// The records (all, or `indices`) as a `pyarrow.Table` with one column `data`.
+    #[pyo3(signature = (indices = None))]
+    fn to_arrow(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        let batch = self.to_arrow_batch(py, indices)?;
+        crate::python::memory::arrow_table(py, batch)
+    }
+
     /// The records (all, or `indices`) as an Arrow record batch with one column `data`, of the
     /// same Arrow type SQL gives the source (strings as `string_view`).
     #[pyo3(signature = (indices = None))]
@@ -410,7 +417,7 @@ impl PyDatasetWriter {
     /// A writer of a new dataset root at `path` (which must not exist). Streams and their
     /// layouts come from the schema of the first data written.
     #[new]
-    #[pyo3(signature = (path, codec = "raw", level = 3, data_shards = 4, dict_bytes = None, allow_empty = false))]
+    #[pyo3(signature = (path, codec = "zstd", level = 3, data_shards = 4, dict_bytes = None, allow_empty = false))]
     fn new(path: PathBuf, codec: &str, level: i32, data_shards: usize, dict_bytes: Option<Vec<u8>>, allow_empty: bool) -> PyResult<Self> {
         // Checked again when the first write creates the staging folder; here for an early error.
         if crate::io::path_taken(&path) {

@@ -401,9 +401,10 @@ pub(crate) fn _is_store(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
 }
 
 /// Storage options for object-store URLs at or below `prefix`; `pickle_secrets`: whether
-/// objects pickled for other processes carry the secret ones too.
+/// objects pickled for other processes carry the secret ones too. Private: the public name is
+/// `zrecord.set_storage_options` (one name for one thing).
 #[pyfunction]
-#[pyo3(signature = (prefix, options, pickle_secrets = true))]
+#[pyo3(name = "_set_storage_options", signature = (prefix, options, pickle_secrets = true))]
 pub(crate) fn register_storage_options(py: Python<'_>, prefix: String, options: std::collections::HashMap<String, String>, pickle_secrets: bool) -> PyResult<()> {
     let mut opts: Vec<(String, String)> = options.into_iter().collect();
     opts.sort();
@@ -623,6 +624,20 @@ impl PyDenseView {
         Ok(PyRecordIter { view: slf.into_pyobject(py)?.into_any().unbind(), next: 0, len })
     }
 
+    /// What the records mean: "tensor", "utf8" or "binary".
+    #[getter]
+    fn logical(&self) -> &'static str {
+        self.view.logical().name()
+    }
+
+    /// The records (all, or `indices`) as a `pyarrow.Table` with one column `data` (the
+    /// `to_arrow_batch` batch; the table shares the gathered memory).
+    #[pyo3(signature = (indices = None))]
+    fn to_arrow(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        let batch = self.to_arrow_batch(py, indices)?;
+        crate::python::memory::arrow_table(py, batch)
+    }
+
     /// The records (all, or `indices`) as an Arrow record batch with one
     /// `arrow.fixed_shape_tensor` column `data` (read it with `pyarrow.table(...)`).
     #[pyo3(signature = (indices = None))]
@@ -723,6 +738,20 @@ impl PyRaggedView {
         let len = slf.view.len();
         let py = slf.py();
         Ok(PyRecordIter { view: slf.into_pyobject(py)?.into_any().unbind(), next: 0, len })
+    }
+
+    /// What the records mean: "tensor", "utf8" or "binary".
+    #[getter]
+    fn logical(&self) -> &'static str {
+        self.view.logical().name()
+    }
+
+    /// The records (all, or `indices`) as a `pyarrow.Table` with one column `data` (the
+    /// `to_arrow_batch` batch; the table shares the gathered memory).
+    #[pyo3(signature = (indices = None))]
+    fn to_arrow(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        let batch = self.to_arrow_batch(py, indices)?;
+        crate::python::memory::arrow_table(py, batch)
     }
 
     /// The records as an Arrow record batch: `List<T>` (ndim 1) or

@@ -166,6 +166,20 @@ fn store_column_name(path: &Path) -> String {
     path.file_stem().or_else(|| path.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "data".into())
 }
 
+/// The name of a lone store opened on its own: the stream's name when the store is a stream
+/// folder of a dataset root (`root/000-t` is `t`, as in the root's `dataset.json`), so a stream
+/// has one name whether its root or the stream alone is opened; else its folder name.
+fn lone_store_name(path: &Path) -> String {
+    let named = || -> Option<String> {
+        let folder = path.file_name()?.to_str()?;
+        let root = path.parent()?;
+        let text = crate::io::LocalFolder::new(root, Default::default()).read_small(DATASET_FILE, 16 << 20).ok()??;
+        let m: DatasetManifest = serde_json::from_slice(&text).ok()?;
+        m.streams.into_iter().find(|e| e.path.trim_end_matches('/') == folder).map(|e| e.name)
+    };
+    named().unwrap_or_else(|| store_column_name(path))
+}
+
 /// A stream described ([`Dataset::stream_infos`]).
 #[derive(Clone, Debug)]
 pub struct StreamInfo {
@@ -231,7 +245,7 @@ impl Dataset {
     fn single(path: &Path) -> Result<Dataset> {
         let store = Store::open(path)?;
         let len = store.len();
-        let stream = Stream::of_store(store_column_name(path), &store);
+        let stream = Stream::of_store(lone_store_name(path), &store);
         Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None, parts: Vec::new(), opened: false })
     }
 

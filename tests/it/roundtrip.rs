@@ -4,7 +4,6 @@
 use crate::common;
 
 use common::*;
-use rstest::rstest;
 use zrecord::prelude::*;
 use zrecord::store::Ids;
 
@@ -13,11 +12,21 @@ fn options(codec: Codec, shards: usize, dict_samples: &[Vec<u8>]) -> WriterOptio
     WriterOptions { codec, data_shards: shards, dictionary, ..Default::default() }
 }
 
-#[rstest]
-#[case::raw(Codec::Raw)]
-#[case::zstd(Codec::Zstd)]
-#[case::zstd_dict(Codec::ZstdDict)]
-fn dense_every_dtype(#[case] codec: Codec) {
+/// One `#[test]` per case: `cases!(f { name: (args), ... })` makes `f::name` call `f(args)`.
+/// (A macro of our own instead of rstest, whose proc macro turned on host features of `regex`
+/// that rebuilt prost-build and Ballista in every test build: see Cargo.toml.)
+macro_rules! cases {
+    ($f:ident { $($name:ident: ($($arg:expr),*)),* $(,)? }) => {
+        mod $f {
+            #[allow(unused_imports)]
+            use super::*;
+            $(#[test] fn $name() { super::$f($($arg),*) })*
+        }
+    };
+}
+
+cases!(dense_every_dtype { raw: (Codec::Raw), zstd: (Codec::Zstd), zstd_dict: (Codec::ZstdDict) });
+fn dense_every_dtype(codec: Codec) {
     let dir = tempfile::tempdir().unwrap();
     let alloc = Allocator::cpu(1 << 20);
     for (k, dtype) in DType::ALL.into_iter().enumerate() {
@@ -59,14 +68,8 @@ fn dense_every_dtype(#[case] codec: Codec) {
     }
 }
 
-#[rstest]
-#[case::raw_1d(Codec::Raw, 1)]
-#[case::zstd_1d(Codec::Zstd, 1)]
-#[case::zstd_dict_1d(Codec::ZstdDict, 1)]
-#[case::raw_3d(Codec::Raw, 3)]
-#[case::zstd_2d(Codec::Zstd, 2)]
-#[case::zstd_dict_2d(Codec::ZstdDict, 2)]
-fn ragged_every_dtype(#[case] codec: Codec, #[case] ndim: usize) {
+cases!(ragged_every_dtype { raw_1d: (Codec::Raw, 1), zstd_1d: (Codec::Zstd, 1), zstd_dict_1d: (Codec::ZstdDict, 1), raw_3d: (Codec::Raw, 3), zstd_2d: (Codec::Zstd, 2), zstd_dict_2d: (Codec::ZstdDict, 2) });
+fn ragged_every_dtype(codec: Codec, ndim: usize) {
     let dir = tempfile::tempdir().unwrap();
     let alloc = Allocator::cpu(1 << 20);
     for (k, dtype) in DType::ALL.into_iter().enumerate() {
@@ -160,10 +163,8 @@ fn empty_store_and_scalar_records() {
     assert_eq!(v.gather(&[2, 0]).unwrap().as_slice::<i64>().unwrap(), &[7, 5]);
 }
 
-#[rstest]
-#[case::dense_raw_to_zstd_dict(false)]
-#[case::ragged_raw_to_zstd_dict(true)]
-fn transcode_by_read_then_append(#[case] ragged: bool) {
+cases!(transcode_by_read_then_append { dense_raw_to_zstd_dict: (false), ragged_raw_to_zstd_dict: (true) });
+fn transcode_by_read_then_append(ragged: bool) {
     let dir = tempfile::tempdir().unwrap();
     let alloc = Allocator::default();
     let src = dir.path().join("src");
@@ -198,11 +199,8 @@ fn transcode_by_read_then_append(#[case] ragged: bool) {
     }
 }
 
-#[rstest]
-#[case::raw_one_shard(Codec::Raw, 1)]
-#[case::zstd_one_shard(Codec::Zstd, 1)]
-#[case::zstd_three_shards(Codec::Zstd, 3)]
-fn appends_crossing_writer_windows(#[case] codec: Codec, #[case] shards: usize) {
+cases!(appends_crossing_writer_windows { raw_one_shard: (Codec::Raw, 1), zstd_one_shard: (Codec::Zstd, 1), zstd_three_shards: (Codec::Zstd, 3) });
+fn appends_crossing_writer_windows(codec: Codec, shards: usize) {
     // Windows hold 16 MiB of input per shard, so 40 MiB spans three windows with one shard;
     // compressed windows are encoded in 1 MiB chunks spread over the shards.
     let dir = tempfile::tempdir().unwrap();
@@ -270,14 +268,11 @@ fn concurrent_readers_share_one_store() {
     });
 }
 
+cases!(cold_mode_and_released_pages_read_the_same_bytes { raw: (Codec::Raw), zstd: (Codec::Zstd), zstd_dict: (Codec::ZstdDict) });
 /// Cold mode (every page of a batch requested up front), released and evicted pages, and the
 /// mapped-residency bound change how pages arrive, never the bytes: every codec, dense and
 /// ragged, against the references; a gather at memory speed leaves cold mode.
-#[rstest]
-#[case::raw(Codec::Raw)]
-#[case::zstd(Codec::Zstd)]
-#[case::zstd_dict(Codec::ZstdDict)]
-fn cold_mode_and_released_pages_read_the_same_bytes(#[case] codec: Codec) {
+fn cold_mode_and_released_pages_read_the_same_bytes(codec: Codec) {
     let dir = tempfile::tempdir().unwrap();
     let alloc = Allocator::cpu(1 << 24);
     let n = 3000usize;
@@ -343,13 +338,11 @@ fn cold_mode_and_released_pages_read_the_same_bytes(#[case] codec: Codec) {
     assert_eq!(ragged.verify().unwrap(), n as u64);
 }
 
+cases!(gathers_longer_than_a_locate_block { raw: (Codec::Raw), zstd: (Codec::Zstd) });
 /// Gathers locate a block of records (index entries, bounds) before reading them: batches
 /// longer than a block, ids repeated and in any order, on one thread and on the crew, mapped
 /// and cold, dense and ragged, equal the references.
-#[rstest]
-#[case::raw(Codec::Raw)]
-#[case::zstd(Codec::Zstd)]
-fn gathers_longer_than_a_locate_block(#[case] codec: Codec) {
+fn gathers_longer_than_a_locate_block(codec: Codec) {
     let dir = tempfile::tempdir().unwrap();
     let alloc = Allocator::cpu(1 << 24);
     // 96-byte records: 1,800 of them are a parallel gather (>= 128 KiB) in chunks of 341

@@ -15,10 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def zrec_bin():
-    """The `zrec` binary the tests run (ZREC_BIN, else the cargo target folder); skip if unbuilt."""
+    """The `zrec` the tests run: ZREC_BIN, else the wheel's `zrec` console script next to this
+    interpreter (what scripts/test_python.sh tests: pip users' zrec), else the cargo build's
+    binary; skip if none."""
+    import sys
+
     import pytest
 
-    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
+    script = os.path.join(os.path.dirname(sys.executable), "zrec")
+    default = script if os.path.exists(script) else os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
+    zrec = os.environ.get("ZREC_BIN") or default
     if not os.path.exists(zrec):
         if os.environ.get("ZREC_BIN"):
             raise AssertionError(f"ZREC_BIN={zrec} does not exist")

@@ -54,7 +54,7 @@ def writer_kwargs(codec, arrays):
 
 @pytest.fixture
 def alloc():
-    with zrecord.Allocator("cpu", pool_size=64 << 20) as a:
+    with zrecord.Allocator("cpu", pool_size_bytes=64 << 20) as a:
         yield a
 
 

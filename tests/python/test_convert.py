@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import zrecord
+from _servers import zrec_bin
 
 datasets = pytest.importorskip("datasets")
 PIL = pytest.importorskip("PIL.Image")
@@ -27,7 +28,7 @@ def read_root(root):
     utf8: a list of str), read through the store API."""
     meta = json.loads((Path(root) / "dataset.json").read_text())
     out = {}
-    with zrecord.Allocator("cpu", pool_size=64 << 20) as alloc:
+    with zrecord.Allocator("cpu", pool_size_bytes=64 << 20) as alloc:
         for s in meta["streams"]:
             store = zrecord.open(Path(root) / s["path"])
             view = store.bind(alloc)
@@ -125,6 +126,29 @@ def test_every_split_helper_keeps_order_train_test_split_and_select(tmp_path):
     assert [s["name"] for s in meta["streams"]] == ["label", "tokens"]
     assert got["label"].tolist() == [5 % 3, 5 % 3, 0, 59 % 3]
     np.testing.assert_array_equal(got["tokens"][3], np.arange(59, 59 + 1 + 59 % 9))
+
+
+def test_public_api_fallback_when_the_private_indices_mapping_changes(tmp_path, monkeypatch):
+    """`convert` reads `datasets.Dataset._indices` for speed; a `datasets` version that keeps it
+    another way takes the public path (with_format("arrow").iter) with the same result."""
+    import sys
+
+    zc = sys.modules["zrecord.convert"]  # the module (zrecord.convert is also the function)
+    ds = make_hf(50).remove_columns(["img"]).shuffle(seed=3).filter(lambda r: r["label"] != 1).select(range(20, 2, -3))
+    zrecord.convert(ds, tmp_path / "fast", progress=False, batch_rows=4)
+    monkeypatch.setattr(zc, "_private_indices", lambda d: zc._UNKNOWN)
+    zrecord.convert(ds, tmp_path / "public", progress=False, batch_rows=4, columns=["tokens", "label"])
+    _, fast = read_root(tmp_path / "fast")
+    meta, public = read_root(tmp_path / "public")
+    check_against(ds, fast)
+    assert [s["name"] for s in meta["streams"]] == ["tokens", "label"]
+    assert public["label"].tolist() == fast["label"].tolist() == ds["label"]
+    assert [t.tolist() for t in public["tokens"]] == [t.tolist() for t in fast["tokens"]]
+    # An indices object of an unexpected shape is treated as unknown, not misread.
+    class Odd:
+        table = pa.table({"a": [1], "b": [2]})
+    monkeypatch.undo()
+    assert zc._private_indices(type("D", (), {"_indices": Odd()})()) is zc._UNKNOWN
 
 
 def test_images_resized_chw_dense_and_jpeg_close_to_pillow(tmp_path):
@@ -297,11 +321,7 @@ def test_files_and_cli_parquet_csv_and_save_to_disk(tmp_path):
     ds.to_csv(str(tmp_path / "d.csv"), columns=["label", "text"], index=False)
     saved = make_hf(12).shuffle(seed=5)
     saved.save_to_disk(str(tmp_path / "saved"))
-    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
-    if not os.path.exists(zrec):
-        if os.environ.get("ZREC_BIN"):
-            raise AssertionError(f"ZREC_BIN={zrec} does not exist")
-        pytest.skip("zrec binary not built (set ZREC_BIN)")
+    zrec = zrec_bin()
     for src, dst, extra in [
         (tmp_path / "d.parquet", "cli_pq", []),
         (tmp_path / "d.csv", "cli_csv", []),
@@ -332,9 +352,7 @@ def test_cli_ctrl_c_publishes_nothing_and_removes_staging(tmp_path):
 
     import pyarrow.csv as pacsv
 
-    zrec = os.environ.get("ZREC_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"), "debug", "zrec")
-    if not os.path.exists(zrec):
-        pytest.skip("zrec binary not built (set ZREC_BIN)")
+    zrec = zrec_bin()
     n = 3_000_000
     pacsv.write_csv(pa.table({"a": np.arange(n), "s": pa.array(np.arange(n).astype(str))}), tmp_path / "big.csv")
     out = tmp_path / "out"
@@ -350,3 +368,20 @@ def test_cli_ctrl_c_publishes_nothing_and_removes_staging(tmp_path):
     assert "interrupted" in err
     assert not out.exists()
     assert sorted(os.listdir(tmp_path)) == ["big.csv"]
+
+
+def test_write_dataset_and_convert_share_their_defaults(tmp_path):
+    import inspect
+
+    t = pa.table({"x": np.arange(10, dtype=np.int64), "s": ["a", "bb"] * 5})
+    assert zrecord.write_dataset(t, tmp_path / "a") == 10
+    assert zrecord.convert(t, tmp_path / "b")["rows"] == 10
+    for root in ("a", "b"):
+        assert [zrecord.open(tmp_path / root / f).codec for f in ("000-x", "001-s")] == ["zstd", "zstd"]
+    w = inspect.signature(zrecord.write_dataset).parameters
+    c = inspect.signature(zrecord.convert).parameters
+    for name in ("codec", "level", "data_shards", "allow_empty", "progress"):
+        assert w[name].default == c[name].default, name
+    with zrecord.DatasetWriter(tmp_path / "c") as dw:
+        dw.write(t)
+    assert zrecord.open(tmp_path / "c" / "000-x").codec == "zstd"

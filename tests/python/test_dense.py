@@ -144,13 +144,25 @@ def test_allocator_pool_reuse(tmp_path):
     data = np.ones((100, 1000), dtype=np.float32)
     with zrecord.DenseWriter(tmp_path / "s", "float32", (1000,), "raw") as w:
         w.append(data)
-    with zrecord.Allocator("cpu", pool_size=32 << 20) as a:
+    with zrecord.Allocator("cpu", pool_size_bytes=32 << 20) as a:
         view = zrecord.DenseStore(tmp_path / "s").bind(a)
         for _ in range(10):
             view[list(range(50))]
         st = a.stats()
         assert st["fresh"] == 1 and st["reused"] == 9 and st["live_bytes"] == 0
-        assert a.pool_size == 32 << 20 and a.device == "cpu"
+        assert a.pool_size_bytes == 32 << 20 and a.device == "cpu"
+        assert repr(a) == f"Allocator('cpu', pool_size_bytes={32 << 20})"
+
+
+def test_allocator_old_pool_size_keyword_warns_and_still_works():
+    with pytest.warns(DeprecationWarning, match="pool_size_bytes"):
+        a = zrecord.Allocator("cpu", pool_size=1 << 20)
+    assert a.pool_size_bytes == 1 << 20
+    with pytest.warns(DeprecationWarning, match="pool_size_bytes"):
+        assert a.pool_size == 1 << 20
+    assert zrecord.Allocator("cpu", 2 << 20).pool_size_bytes == 2 << 20  # positional unchanged
+    with pytest.raises(TypeError, match="both"):
+        zrecord.Allocator("cpu", pool_size_bytes=1, pool_size=1)
 
 
 def test_unchecked_view_reads_same_data(tmp_path, alloc):
@@ -208,3 +220,26 @@ def test_released_and_evicted_pages_read_back_the_same(tmp_path, alloc, codec):
     store.close()
     with pytest.raises(ValueError):
         store.release_pages()
+
+
+def test_views_and_source_views_export_tables_natively(tmp_path):
+    """to_arrow and logical are methods of the extension's view classes (no Python patching),
+    with one behaviour for DenseView, RaggedView and SourceView."""
+    pa = pytest.importorskip("pyarrow")
+    data = np.arange(24, dtype=np.int16).reshape(4, 2, 3)
+    with zrecord.DenseWriter(tmp_path / "d", np.int16, (2, 3), "raw") as w:
+        w.append(data)
+    recs = [np.arange(n, dtype=np.int32) for n in (2, 0, 3)]
+    with zrecord.RaggedWriter(tmp_path / "r", np.int32, 1, "zstd", allow_empty=True) as w:
+        w.append(zrecord.RaggedBatch.from_records(recs))
+    alloc = zrecord.Allocator()
+    dense, ragged = zrecord.DenseStore(tmp_path / "d").bind(alloc), zrecord.RaggedStore(tmp_path / "r").bind(alloc)
+    for cls in (zrecord.DenseView, zrecord.RaggedView, zrecord.SourceView):
+        assert type(cls.__dict__["to_arrow"]).__name__ == "method_descriptor", cls
+    t = dense.to_arrow([3, 0])
+    assert isinstance(t, pa.Table) and t.column_names == ["data"]
+    np.testing.assert_array_equal(t.column("data").combine_chunks().to_numpy_ndarray(), data[[3, 0]])
+    assert ragged.to_arrow().column("data").to_pylist() == [r.tolist() for r in recs]
+    sv = zrecord.SourceView(ragged)
+    assert sv.to_arrow([2]).column("data").to_pylist() == [[0, 1, 2]]
+    assert dense.logical == ragged.logical == sv.logical == "tensor"

@@ -16,7 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*\n(.*?)^```\s*$", re.S | re.M)
 REQUIRES = re.compile(r"<!--\s*requires:\s*([^>]*?)\s*-->")
-PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.is_symlink())
+README = ROOT / "README.md"
+# The README's tour runs like a docs page; its set-up commands (```bash) are shown, not run.
+PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.is_symlink()) + [README]
 
 
 def blocks(page):
@@ -24,8 +26,13 @@ def blocks(page):
 
 
 def zrec_bin():
+    """ZREC_BIN, else the wheel's `zrec` console script next to this interpreter, else the cargo
+    build's binary."""
     b = os.environ.get("ZREC_BIN")
     if b and os.path.exists(b):
+        return b
+    b = os.path.join(os.path.dirname(sys.executable), "zrec")
+    if os.path.exists(b):
         return b
     target = os.environ.get("CARGO_TARGET_DIR", str(ROOT / "target"))
     b = os.path.join(target, "debug", "zrec")
@@ -36,10 +43,11 @@ def test_pages_found_and_fences_known():
     assert len(PAGES) >= 10
     for page in PAGES:
         for lang, _ in blocks(page):
-            assert lang in ("python", "sh", "text"), f"{page.relative_to(ROOT)}: a ```{lang or '(none)'} block is neither run nor marked text"
+            allowed = ("python", "sh", "text", "bash") if page == README else ("python", "sh", "text")
+            assert lang in allowed, f"{page.relative_to(ROOT)}: a ```{lang or '(none)'} block is neither run nor marked text"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) if p != README else "README.md" for p in PAGES])
 def test_page_runs(page, tmp_path):
     """The page's blocks, in order, as one script in a fresh interpreter (pages do not share
     imports: a page that starts JAX threads must not leak them into one that forks)."""

@@ -65,3 +65,34 @@ def test_with_grain(data):
     rows = list(loader)
     assert sorted(int(r["label"]) for r in rows) == list(range(N))
     assert all(r["name"] == f"n{int(r['label'])}" for r in rows)
+
+
+def test_ragged_batch_packs_pads_stacks_and_keeps_strings():
+    from functools import partial
+
+    from zrecord.grain import ragged_batch
+
+    rng = np.random.default_rng(0)
+    recs = [rng.integers(0, 100, (n, 2)).astype(np.int32) for n in (3, 1, 4)]
+    elements = [{"x": r, "y": np.float32(k), "s": f"t{k}"} for k, r in enumerate(recs)]
+    b = ragged_batch(elements)
+    assert b["s"] == ["t0", "t1", "t2"]
+    assert b["y"].tolist() == [0.0, 1.0, 2.0] and b["y"].dtype == np.float32
+    assert b["x"]["cu_seqlens"].tolist() == [0, 6, 8, 16] and b["x"]["cu_seqlens"].dtype == np.int32
+    assert b["x"]["shapes"].tolist() == [[3, 2], [1, 2], [4, 2]] and b["x"]["shapes"].dtype == np.uint64
+    np.testing.assert_array_equal(b["x"]["values"], np.concatenate([r.ravel() for r in recs]))
+    # The packed batch reads back through RaggedBatch like a gathered one.
+    rb = zrecord.RaggedBatch(b["x"]["values"], b["x"]["cu_seqlens"], b["x"]["shapes"])
+    for got, want in zip(rb.to_tensors(), recs):
+        np.testing.assert_array_equal(np.from_dlpack(got), want)
+    p = partial(ragged_batch, pad_value=-1)([r for r in recs])
+    assert p["values"].shape == (3, 4, 2)
+    for k, r in enumerate(recs):
+        np.testing.assert_array_equal(p["values"][k, : len(r)], r)
+        assert (p["values"][k, len(r) :] == -1).all()
+    same = ragged_batch([np.arange(3), np.arange(3)])
+    assert isinstance(same, np.ndarray) and same.shape == (2, 3)
+    with pytest.raises(ValueError, match="different ndims"):
+        ragged_batch([np.zeros(2), np.zeros((2, 2))])
+    with pytest.raises(ValueError, match="no records"):
+        ragged_batch([])

@@ -53,7 +53,7 @@ def test_absurd_loader_sizes_are_value_errors(store):
 def test_allocator_max_bytes_raises_memory_error_and_pickles(store):
     import pickle
 
-    alloc = z.Allocator(pool_size=0, max_bytes=1024)
+    alloc = z.Allocator(pool_size_bytes=0, max_bytes=1024)
     assert alloc.max_bytes == 1024 and "max_bytes=1024" in repr(alloc)
     view = z.DenseStore(store[0]).bind(alloc)
     keep = view[0:10]

@@ -41,12 +41,12 @@ def _child_read(obj_bytes, ids):
 def test_store_view_sampler_roundtrip_in_process(stores):
     root, dense, ragged = stores
     s = zrecord.open(root / "d.zrec")
-    v = s.bind(zrecord.Allocator(pool_size=1 << 20), verify_checksums=False)
+    v = s.bind(zrecord.Allocator(pool_size_bytes=1 << 20), verify_checksums=False)
     s2 = pickle.loads(pickle.dumps(s))
     assert isinstance(s2, zrecord.DenseStore) and len(s2) == 40 and s2.path == s.path
     v2 = pickle.loads(pickle.dumps(v))
     assert isinstance(v2, zrecord.DenseView)
-    assert v2.verify_checksums is False and v2.allocator.pool_size == 1 << 20
+    assert v2.verify_checksums is False and v2.allocator.pool_size_bytes == 1 << 20
     np.testing.assert_array_equal(np.from_dlpack(v2.gather([5, 0, 39])), dense[[5, 0, 39]])
 
     smp = zrecord.Sampler(40, 8, "cyclic", seed=3)
@@ -72,7 +72,7 @@ def test_closed_handles_refuse_to_pickle(stores):
 
 def test_views_of_one_pool_share_a_pool_after_unpickling(stores):
     root, _, _ = stores
-    a = zrecord.Allocator(pool_size=1 << 22)
+    a = zrecord.Allocator(pool_size_bytes=1 << 22)
     d = zrecord.open(root / "d.zrec").bind(a)
     r = zrecord.open(root / "r.zrec").bind(a)
     d2, r2 = pickle.loads(pickle.dumps((d, r)))

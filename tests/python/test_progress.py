@@ -60,7 +60,10 @@ def test_copy_and_train_dict_and_convert(tmp_path, table, capsys):
     samples = [np.full(64, i % 7, dtype=np.uint8).tobytes() + bytes([i % 251]) * 64 for i in range(200)]
     assert len(zrecord.train_dict(samples, 1024, progress=True)) > 0
     assert "train_dict" in capsys.readouterr().err
-    zrecord.convert(table, tmp_path / "conv", codec="raw")
+    # The default (progress=None): no bar for a conversion that ends within 2 s.
+    zrecord.convert(table, tmp_path / "quiet", codec="raw")
+    assert "convert" not in capsys.readouterr().err
+    zrecord.convert(table, tmp_path / "conv", codec="raw", progress=True)
     err = capsys.readouterr().err
     assert "convert" in err and "100%" in err
     assert zrecord.Dataset(tmp_path / "conv").streams == ["x", "y"]

@@ -114,6 +114,22 @@ def test_copy_pyarrow_tensor_types_in_and_read_back(tmp_path):
     np.testing.assert_array_equal(np.from_dlpack(s[[3, 0]]), arr[[3, 0]])
 
 
+def test_a_stream_opened_alone_keeps_its_name(tmp_path):
+    """One name per stream: root/001-label registered alone is column `label` (the name in the
+    root's dataset.json), as when the root is registered; a store outside a root is named after
+    its folder."""
+    zrecord.write_dataset(pa.table({"x": pa.array([1.5, 2.5, 3.5]), "label": pa.array([7, 8, 9])}), tmp_path / "root")
+    ctx = zrecord.SessionContext()
+    ctx.register("lone", tmp_path / "root" / "001-label")
+    assert ctx.sql("SELECT _id, label FROM lone ORDER BY _id").to_arrow().to_pydict() == {"_id": [0, 1, 2], "label": [7, 8, 9]}
+    ctx.register("whole", tmp_path / "root")
+    assert ctx.sql("SELECT l.label FROM lone l JOIN whole w ON l._id = w._id AND l.label = w.label ORDER BY l._id").to_arrow().column(0).to_pylist() == [7, 8, 9]
+    with zrecord.DenseWriter(tmp_path / "scores", np.float32, (), "raw") as w:
+        w.append(np.array([0.5, 0.25], np.float32))
+    ctx.register("s", tmp_path / "scores")
+    assert ctx.sql("SELECT scores FROM s ORDER BY _id").to_arrow().column(0).to_pylist() == [0.5, 0.25]
+
+
 def test_polars_frame_converts_through_sql(tmp_path):
     pl = pytest.importorskip("polars")
     df = pl.DataFrame({"tokens": [[1, 2], [3], [4, 5, 6]], "label": [0, 1, 0]})

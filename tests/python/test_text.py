@@ -199,6 +199,42 @@ def test_operations_match_python():
     assert StringTensor.concat([t, t.take([1])]).to_list() == data + [data[1]]
 
 
+def test_string_tensor_indexing_follows_numpy():
+    data = ["a", None, "ccc", "", "ée", "f"]
+    t = StringTensor(data)
+    ref = np.array(data, dtype=object)
+    for key in [slice(1, 3), slice(None, None, -1), slice(-2, None), slice(4, 1, -2), slice(10, 20), slice(None)]:
+        got = t[key]
+        assert isinstance(got, StringTensor) and got.to_list() == ref[key].tolist(), key
+    for key in [[3, 0, -1, 3], np.array([5, -6], dtype=np.int32), np.array([], dtype=np.int64), []]:
+        assert t[key].to_list() == ref[np.asarray(key, dtype=np.int64)].tolist(), key
+    mask = np.array([True, False, True, True, False, True])
+    assert t[mask].to_list() == ref[mask].tolist()
+    assert t[np.int64(2)] == "ccc" and t[-1] == "f" and t[1] is None
+    with pytest.raises(IndexError):
+        t[[6]]
+    with pytest.raises(IndexError):
+        t[[-7]]
+    with pytest.raises(IndexError):
+        t[6]
+    with pytest.raises(IndexError):
+        t[mask[:3]]
+    for bad in ["a", 1.5, True, None, np.array([[0]]), np.array([0.5])]:
+        with pytest.raises(TypeError):
+            t[bad]
+
+
+def test_stage_kept_is_filter_of_keep():
+    from zrecord.text import ExactDedup
+
+    docs = ["  a  ", "b", None, " a", "c", "b"]
+    text, keep = TextCleaner()(docs)
+    assert TextCleaner().kept(docs).to_list() == text.filter(keep).to_list() == ["a", "b", "a", "c", "b"]
+    pipe = TextPipeline([TextCleaner(), ExactDedup()])
+    assert pipe.kept(docs).to_list() == ["a", "b", "c"]
+    assert TextPipeline([TextCleaner(), ExactDedup()]).kept(StringTensor(docs)[::-1]).to_list() == ["b", "c", "a"]
+
+
 def test_hash_is_xxh3_64():
     xxhash = pytest.importorskip("xxhash")
     data = [x or "" for x in corpus(2000)]

@@ -233,6 +233,28 @@ def test_dedup_in_a_fused_pipeline_and_collate():
     assert np.asarray(keep).dtype == bool
 
 
+def test_make_collate_takes_a_hugging_face_tokenizer_callable():
+    """A `transformers` tokenizer is called with the kept texts as HF documents it
+    (padding=True, truncation when max_length is set, return_tensors="pt"); its outputs pass
+    through. A stand-in with that call signature checks what make_collate passes and returns."""
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    def hf_tokenizer(texts, padding, truncation, max_length, return_tensors):
+        calls.append((list(texts), padding, truncation, max_length, return_tensors))
+        n = max(len(t) for t in texts) if max_length is None else max_length
+        ids = torch.tensor([[ord(c) for c in t[:n]] + [0] * (n - len(t[:n])) for t in texts])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids)}
+
+    collate = make_collate([TextCleaner(), ExactDedup()], field="text", tokenizer=hf_tokenizer, max_length=3)
+    out = collate([{"text": " ab "}, {"text": "ab"}, {"text": "wxyz"}])
+    assert calls == [(["ab", "wxyz"], True, True, 3, "pt")]
+    assert out["input_ids"].tolist() == [[97, 98, 0], [119, 120, 121]]
+    assert out["attention_mask"].tolist() == [[1, 1, 0], [1, 1, 1]] and "token_type_ids" in out
+    with pytest.raises(TypeError, match="Tokenizer or a callable"):
+        make_collate(tokenizer="tokenizer.json")
+
+
 def _write_parquet(tmp_path, docs, files=3):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

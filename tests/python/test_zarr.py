@@ -172,6 +172,12 @@ def test_index_queries_equal_numpy_fancy_indexing(tmp_path):
         np.testing.assert_array_equal(got, ref, err_msg=str(sel))
         assert q.shape_in(data.shape) == ref.shape
     assert zz.IndexQuery(p, ([7, 2, 7], slice(16, 80), [100, 3, 40, 3])).shape == (3, 64, 4)
+    # Open and negative slice ends resolve against the array's shape (read from its metadata).
+    for sel in sels[1:]:
+        assert zz.IndexQuery(p, sel).shape == zz.IndexQuery(p, sel).shape_in(data.shape)
+    assert zz.IndexQuery(p, (slice(None), slice(-4, None), -1)).shape == (20, 4, 1)
+    with pytest.raises((FileNotFoundError, ValueError)):
+        zz.IndexQuery(str(tmp_path / "missing"), (slice(None),)).shape
     with pytest.raises(IndexError):
         zz.gather([zz.IndexQuery(p, ([20], slice(0, 2), [0]))])
 
@@ -304,6 +310,34 @@ def test_pipeline_batches_in_order_with_shared_chunks(tmp_path):
         assert st["chunks_decoded"] > 0 and st["index_cache_hits"] > 0 and st["read_amplification"] > 0
         with pytest.raises(ValueError, match="no samples pending"):
             pl.pop(timeout=5)
+
+
+def test_batch_spec_same_takes_the_source_type(tmp_path):
+    """BatchSpec(dtype="same"): the pipeline's batches take the first pushed sample's array
+    type, for lists and lazily pulled generators alike."""
+    data = _data((8, 16, 16), "int16")
+    p = str(tmp_path / "a")
+    _v3(p, data, (4, 8, 8), compressors=[ZstdCodec(level=1)])
+    crops = [[(z, z + 4), (y, y + 8), (x, x + 8)] for z, y, x in [(0, 0, 0), (4, 8, 8), (2, 3, 5), (1, 7, 0)]]
+    for push in (lambda pl: pl.push([zz.Sample(p, c) for c in crops]), lambda pl: pl.push(zz.Sample(p, c) for c in crops)):
+        with zz.Pipeline(zz.BatchSpec(2, (4, 8, 8)), limits=SMALL) as pl:
+            assert pl.dtype is None and pl.stats() == {}
+            with pytest.raises(ValueError, match="no samples pending"):
+                pl.pop(timeout=1)
+            push(pl)
+            assert pl.dtype == "int16"
+            got = [np.from_dlpack(b).copy() for b in pl.batches(2)]
+        assert all(g.dtype == np.int16 and g.shape == (2, 4, 8, 8) for g in got)
+        for k, c in enumerate(crops):
+            np.testing.assert_array_equal(got[k // 2][k % 2], _crop_ref(data, c, 0))
+    with zz.Pipeline(zz.BatchSpec(2, (4, 8, 8)), limits=SMALL) as pl:
+        pl.push([])
+        pl.push(iter(()))
+        assert pl.dtype is None
+        with pytest.raises(TypeError, match="Sample or IndexQuery"):
+            pl.push(iter([42]))
+        with pytest.raises((FileNotFoundError, ValueError)):
+            pl.push([zz.Sample(str(tmp_path / "missing"), crops[0])])
 
 
 def test_each_chunk_read_once_per_batch(tmp_path):

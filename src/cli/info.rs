@@ -4,8 +4,8 @@ use super::*;
 
 /// The streams of a dataset as an aligned text table: sizes with units, ratios as `N.NNx`, and
 /// a total row.
-pub(super) fn info_table(infos: &[zrecord::store::StreamInfo]) -> Result<String> {
-    use zrecord::store::Layout;
+pub(super) fn info_table(infos: &[crate::store::StreamInfo]) -> Result<String> {
+    use crate::store::Layout;
     let header = ["stream", "kind", "dtype", "shape", "logical", "codec", "records", "raw", "stored", "on disk", "ratio"];
     let mut rows: Vec<Vec<String>> = Vec::new();
     for i in infos {
@@ -57,9 +57,9 @@ pub(super) fn info_table(infos: &[zrecord::store::StreamInfo]) -> Result<String>
 }
 
 pub(super) fn info(path: PathBuf) -> Result<()> {
-    if !zrecord::store::is_store(&path)? {
+    if !crate::store::is_store(&path)? {
         // A dataset root: one row per stream, sizes with units, and a total row.
-        let ds = zrecord::store::Dataset::open(&path)?;
+        let ds = crate::store::Dataset::open(&path)?;
         let infos = ds.stream_infos()?;
         println!("dataset root {}  ({} records per stream, {} streams)", path.display(), ds.len(), ds.streams().len());
         if let Some(src) = ds.metadata().and_then(|m| m.get("source")).and_then(|s| s.get("kind")).and_then(|k| k.as_str()) {

@@ -20,7 +20,7 @@ pub(super) struct ConvertArgs {
 pub(super) fn convert(a: ConvertArgs) -> Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use zrecord::convert::{convert_batches, open_files, ConvertOptions, ImageOptions, DEFAULT_DICT_SIZE};
+    use crate::convert::{convert_batches, open_files, ConvertOptions, ImageOptions, DEFAULT_DICT_SIZE};
     let codec: Codec = a.codec.parse()?;
     let mut options = ConvertOptions {
         writer: WriterOptions { codec, level: a.level, data_shards: a.data_shards, allow_empty: a.allow_empty, ..Default::default() },

@@ -3,7 +3,7 @@
 use super::*;
 
 pub(super) fn verify(path: PathBuf, quiet: bool) -> Result<u64> {
-    if !zrecord::store::is_store(&path)? {
+    if !crate::store::is_store(&path)? {
         let ds = Dataset::open(&path)?;
         let mut total = 0;
         if !ds.parts().is_empty() {

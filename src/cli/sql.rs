@@ -8,15 +8,15 @@ pub(super) struct SqlArgs {
 }
 
 pub(super) fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_rows: usize, args: SqlArgs) -> std::result::Result<(), String> {
-    let rt = zrecord::io::runtime::build("zrec", None, None).map_err(|e| e.to_string())?;
+    let rt = crate::io::runtime::build("zrec", None, None).map_err(|e| e.to_string())?;
     rt.block_on(async {
         if args.partitions == Some(0) {
             return Err("--partitions must be at least 1".to_string());
         }
         let ctx = match &args.ballista {
-            Some(url) => zrecord::query::ballista::remote_context(url, args.partitions.unwrap_or(0)).await.map_err(|e| format!("--ballista {url}: {e}"))?,
+            Some(url) => crate::query::ballista::remote_context(url, args.partitions.unwrap_or(0)).await.map_err(|e| format!("--ballista {url}: {e}"))?,
             None => match args.partitions {
-                Some(p) => zrecord::query::zrecord_context_with_config(datafusion::prelude::SessionConfig::new().with_target_partitions(p)),
+                Some(p) => crate::query::zrecord_context_with_config(datafusion::prelude::SessionConfig::new().with_target_partitions(p)),
                 None => zrecord_context(),
             },
         };
@@ -27,16 +27,30 @@ pub(super) fn sql(query: &str, tables: &[String], output: Option<PathBuf>, max_r
         let df = ctx.sql(query).await.map_err(|e| e.to_string())?;
         if let Some(out) = output {
             let ext = out.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
-            let path = out.to_string_lossy().into_owned();
+            // Never replace a file: refused up front, and the DataFusion writers (which would
+            // overwrite) write a staging file that is renamed into place without replacing.
+            if crate::io::path_taken(&out) {
+                return Err(format!("--output {}: {}", out.display(), crate::Error::AlreadyExists { path: out.clone() }));
+            }
+            let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let staging = crate::io::publish::parent_of(&out).join(crate::io::publish::staging_name(&name));
+            let path = staging.to_string_lossy().into_owned();
             let single = DataFrameWriteOptions::new().with_single_file_output(true);
+            let publish = |r: std::result::Result<usize, String>| -> std::result::Result<usize, String> {
+                let done = r.and_then(|n| crate::io::publish::rename_noreplace(&staging, &out).map(|()| n).map_err(|e| format!("--output {}: {e}", out.display())));
+                if done.is_err() {
+                    let _ = crate::io::remove_file(&staging);
+                }
+                done
+            };
             let rows: usize = match ext.as_str() {
-                "parquet" => count(df.write_parquet(&path, single, None).await),
-                "csv" => count(df.write_csv(&path, single, None).await),
-                "json" => count(df.write_json(&path, single, None).await),
+                "parquet" => publish(count(df.write_parquet(&path, single, None).await)),
+                "csv" => publish(count(df.write_csv(&path, single, None).await)),
+                "json" => publish(count(df.write_json(&path, single, None).await)),
                 "arrow" | "ipc" => {
                     let schema = df.schema().inner().clone();
                     let batches = df.collect().await.map_err(|e| e.to_string())?;
-                    let f = zrecord::io::create_new(&out).map_err(|e| e.to_string())?;
+                    let f = crate::io::create_new(&out).map_err(|e| e.to_string())?;
                     let mut w = datafusion::arrow::ipc::writer::FileWriter::try_new(f, &schema).map_err(|e| e.to_string())?;
                     for b in &batches {
                         w.write(b).map_err(|e| e.to_string())?;
@@ -87,7 +101,7 @@ pub(super) async fn copy_with_progress(df: datafusion::dataframe::DataFrame) -> 
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     let rows = Arc::new(AtomicU64::new(0));
-    let df = zrecord::query::CopyProgress::attach(df, rows.clone());
+    let df = crate::query::CopyProgress::attach(df, rows.clone());
     let pb = ProgressBar::new_spinner();
     if let Ok(style) = ProgressStyle::with_template("{spinner} COPY {human_pos} rows written ({per_sec}, {elapsed})") {
         pb.set_style(style);

@@ -31,9 +31,9 @@ pub(super) fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
     let n_img = ((400.0 * scale) as usize).max(16);
     let n_tok = ((20_000.0 * scale) as usize).max(64);
     println!("zrecord demo in {}  (images: {n_img} x uint8[3,224,224]; tokens: {n_tok} x int32[512]; ragged: {n_tok} int32 sequences)", root.display());
-    let images = zrecord::demo::vision(n_img, 3, 224, 224, 1);
-    let tokens = zrecord::demo::tokens_dense(n_tok, 512, 2);
-    let ragged = zrecord::demo::tokens_ragged(n_tok, 3);
+    let images = crate::demo::vision(n_img, 3, 224, 224, 1);
+    let tokens = crate::demo::tokens_dense(n_tok, 512, 2);
+    let ragged = crate::demo::tokens_ragged(n_tok, 3);
     let alloc = Allocator::default();
     let limit = memcpy_limit(256 * 3 * 224 * 224);
     println!("memcpy limit (one contiguous buffer, this machine): {limit:.2} GiB/s\n");
@@ -83,7 +83,7 @@ pub(super) fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
     }
     sql_demo(&root, n_tok, &alloc)?;
     if tmp_is(&root) {
-        let _ = zrecord::io::remove_tree(&root);
+        let _ = crate::io::remove_tree(&root);
     }
     println!("\nall stores verified; transcode, SQL and Python APIs: see README.md");
     Ok(())
@@ -93,7 +93,7 @@ pub(super) fn demo(dir: Option<PathBuf>, scale: f64) -> Result<()> {
 /// gathers through DataFusion next to direct view gathers.
 pub(super) fn sql_demo(root: &std::path::Path, n: usize, alloc: &Allocator) -> Result<()> {
     let q = |e: datafusion::error::DataFusionError| Error::invalid("sql", e.to_string());
-    let rt = zrecord::io::runtime::build("zrec", None, None)?;
+    let rt = crate::io::runtime::build("zrec", None, None)?;
     let src = root.join("ragged-tokens-zstd");
     let sub = root.join("sql-subset");
     rt.block_on(async {

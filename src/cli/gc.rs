@@ -4,10 +4,10 @@
 
 /// `zrec gc URL`: data folders below the store (or the stores of a dataset root) at URL that
 /// no manifest names: uploads of writers that crashed or lost a race.
-pub(super) fn gc_remote(url: &str, dry_run: bool) -> zrecord::Result<()> {
-    use zrecord::store::publish::remote_leftovers;
-    let zrecord::io::Uri::Remote(root) = zrecord::io::Uri::parse(url)? else {
-        return Err(zrecord::Error::invalid("url", format!("'{url}' is not an object-store URL")));
+pub(super) fn gc_remote(url: &str, dry_run: bool) -> crate::Result<()> {
+    use crate::store::publish::remote_leftovers;
+    let crate::io::Uri::Remote(root) = crate::io::Uri::parse(url)? else {
+        return Err(crate::Error::invalid("url", format!("'{url}' is not an object-store URL")));
     };
     let mut found = remote_leftovers(&root, !dry_run)?;
     for d in root.list_dirs()? {
@@ -26,9 +26,9 @@ pub(super) fn gc_remote(url: &str, dry_run: bool) -> zrecord::Result<()> {
     Ok(())
 }
 
-pub(super) fn gc(dir: &std::path::Path, dry_run: bool, all: bool) -> zrecord::Result<()> {
-    use zrecord::io::publish::{leftovers, remove_leftovers};
-    if zrecord::io::is_url(dir) {
+pub(super) fn gc(dir: &std::path::Path, dry_run: bool, all: bool) -> crate::Result<()> {
+    use crate::io::publish::{leftovers, remove_leftovers};
+    if crate::io::is_url(dir) {
         return gc_remote(dir.to_str().unwrap_or_default(), dry_run);
     }
     let found = if dry_run { leftovers(dir)? } else { remove_leftovers(dir, all)? };

@@ -1,15 +1,19 @@
-//! `zrec`: inspect, verify, query and demo zrecord stores.
+//! The `zrec` command line (feature `cli`): inspect, verify, query, convert and demo zrecord
+//! stores, run Ballista processes. The `zrec` binary and the Python package's `zrec` console
+//! entry point (`python -m zrecord`) both call [`run`], so pip users get the same commands
+//! without a Rust toolchain.
 
+use std::ffi::OsString;
+use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use zrecord::prelude::*;
-use zrecord::demo::SplitMix64;
-use zrecord::query::{zrecord_context, Dataset, SessionContextExt};
-use zrecord::store::{Kind, SourceView, StoreStats};
+use crate::prelude::*;
+use crate::demo::SplitMix64;
+use crate::query::{zrecord_context, Dataset, SessionContextExt};
+use crate::store::{Kind, SourceView, StoreStats};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::dataframe::DataFrameWriteOptions;
 
@@ -194,8 +198,28 @@ fn human(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", units[u]) }
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Run `zrec` with `args` (the first is the program name, as in `std::env::args_os()`) and
+/// return its exit code: 0 done, 1 an error, 2 a corrupt store or a usage error (clap's code;
+/// `--help` and `--version` print and return 0). Never exits the process itself, so a host
+/// process (the Python entry point) keeps control; stdout and stderr are flushed on return.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let code = match Cli::try_parse_from(args) {
+        Ok(cli) => dispatch(cli),
+        Err(e) => {
+            let _ = e.print();
+            u8::try_from(e.exit_code()).unwrap_or(2)
+        }
+    };
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    code
+}
+
+fn dispatch(cli: Cli) -> u8 {
     let r = match cli.command {
         Command::Info { path } => info(path),
         Command::Verify { path, quiet } => match verify(path.clone(), quiet) {
@@ -205,7 +229,7 @@ fn main() -> ExitCode {
             }
             Err(e) if e.is_corruption() => {
                 eprintln!("CORRUPT: {e}");
-                return ExitCode::from(2);
+                return 2;
             }
             Err(e) => Err(e),
         },
@@ -217,19 +241,19 @@ fn main() -> ExitCode {
         Command::Ballista { role } => ballista(role),
         Command::Sql { query, tables, output, max_rows, ballista, partitions } => {
             return match sql(&query, &tables, output, max_rows, SqlArgs { ballista, partitions }) {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(()) => 0,
                 Err(e) => {
                     eprintln!("error: {e}");
-                    ExitCode::from(1)
+                    1
                 }
             };
         }
     };
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(if e.is_corruption() { 2 } else { 1 })
+            if e.is_corruption() { 2 } else { 1 }
         }
     }
 }

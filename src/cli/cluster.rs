@@ -21,12 +21,12 @@ impl log::Log for StderrLog {
 }
 
 pub(super) fn ballista(role: BallistaRole) -> Result<()> {
-    use zrecord::query::ballista::{run_executor, run_scheduler, ExecutorOptions, SchedulerOptions};
+    use crate::query::ballista::{run_executor, run_scheduler, ExecutorOptions, SchedulerOptions};
     let level = std::env::var("ZREC_LOG").ok().and_then(|l| l.parse::<log::LevelFilter>().ok()).unwrap_or(log::LevelFilter::Warn);
     if log::set_logger(Box::leak(Box::new(StderrLog(level)))).is_ok() {
         log::set_max_level(level);
     }
-    let rt = zrecord::io::runtime::build("zrec", None, Some(32 << 20))?;
+    let rt = crate::io::runtime::build("zrec", None, Some(32 << 20))?;
     rt.block_on(async {
         match role {
             BallistaRole::Scheduler { bind, external_host } => {

@@ -1,0 +1,31 @@
+"""The ``zrec`` command for pip users: the console entry point ``zrec`` and ``python -m zrecord``
+run the same clap command line that the Rust binary ``zrec`` is, compiled into the extension
+(``zrecord._zrecord.cli_main``), so ``zrec info|verify|sql|convert|gc|demo|ballista`` need no
+Rust toolchain.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``zrec`` with ``argv`` (default: ``sys.argv[1:]``) and return its exit code."""
+    from ._zrecord import cli_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return cli_main(["zrec", *args])
+
+
+def entry() -> None:
+    """Console-script entry point (``[project.scripts] zrec``) and ``python -m zrecord``."""
+    # This process exists to run the command: Ctrl-C and a closed pipe (`zrec sql ... | head`)
+    # act as they do on the binary (a command's own handler, e.g. convert's cleanup on Ctrl-C,
+    # still replaces the default where it installs one).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())
