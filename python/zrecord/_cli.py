@@ -22,10 +22,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point (``[project.scripts] zrec``) and ``python -m zrecord``."""
-    # This process exists to run the command: Ctrl-C and a closed pipe (`zrec sql ... | head`)
-    # act as they do on the binary (a command's own handler, e.g. convert's cleanup on Ctrl-C,
-    # still replaces the default where it installs one).
+    # This process exists to run the command: Ctrl-C ends it as it ends the binary (a
+    # command's own handler, e.g. convert's cleanup, still replaces the default). SIGPIPE stays
+    # ignored, as in the binary: Ballista servers and object-store clients must see EPIPE on
+    # a closed socket, not die of it (a closed stdout ends the command with status 141).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())

@@ -208,7 +208,19 @@ where
     T: Into<OsString> + Clone,
 {
     let code = match Cli::try_parse_from(args) {
-        Ok(cli) => dispatch(cli),
+        // A reader that closes stdout early (`zrec sql ... | head`): SIGPIPE stays ignored (the
+        // servers and clients here must see EPIPE on sockets, not die), so printing fails; that
+        // ends the command with the shell's SIGPIPE status instead of a panic escaping.
+        Ok(cli) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(cli))) {
+            Ok(code) => code,
+            Err(p) => {
+                let msg = p.downcast_ref::<String>().map(String::as_str).or_else(|| p.downcast_ref::<&str>().copied()).unwrap_or("");
+                if msg.contains("Broken pipe") {
+                    return 141;
+                }
+                std::panic::resume_unwind(p)
+            }
+        },
         Err(e) => {
             let _ = e.print();
             u8::try_from(e.exit_code()).unwrap_or(2)

@@ -135,6 +135,8 @@ struct Cluster {
     children: Vec<Option<std::process::Child>>,
     url: String,
     port: u16,
+    /// Ports the processes listen on (scheduler, each executor's Flight and gRPC).
+    listening: Vec<u16>,
     _work: tempfile::TempDir,
 }
 
@@ -154,11 +156,48 @@ impl Cluster {
             .stderr(log("scheduler.err"))
             .spawn()
             .unwrap();
-        let mut c = Cluster { children: vec![Some(scheduler)], url: format!("df://127.0.0.1:{port}"), port, _work: work };
+        let mut c = Cluster { children: vec![Some(scheduler)], url: format!("df://127.0.0.1:{port}"), port, listening: vec![port], _work: work };
+        // The scheduler listening before any executor starts: an executor that cannot reach
+        // its scheduler at start-up exits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "the scheduler never listened\n{}", c.logs());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         for _ in 0..executors {
             c.add_executor();
         }
         c
+    }
+
+    /// A client context once the scheduler answers and an executor runs a query (`SELECT 1`),
+    /// polled for up to two minutes: the processes were just spawned and, on a loaded
+    /// machine, the scheduler may not be listening yet (connection refused).
+    async fn ready_context(&self, partitions: usize) -> SessionContext {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        // Every process listening first: an executor registers with the scheduler before its
+        // task server accepts connections, and a task launched into that window counts as a
+        // lost executor (the query is cancelled).
+        for &port in &self.listening {
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(std::time::Instant::now() < deadline, "port {port} never listened\n{}", self.logs());
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        loop {
+            let attempt = async {
+                let ctx = zrecord::query::ballista::remote_context(&self.url, partitions).await?;
+                ctx.sql("SELECT 1").await?.collect().await?;
+                Ok::<_, DataFusionError>(ctx)
+            };
+            let last = match tokio::time::timeout(std::time::Duration::from_secs(30), attempt).await {
+                Ok(Ok(ctx)) => return ctx,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "timed out".to_string(),
+            };
+            assert!(std::time::Instant::now() < deadline, "cluster did not start: {last}\n{}", self.logs());
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
     }
 
     /// Start one more executor; returns its index in `children`.
@@ -169,9 +208,11 @@ impl Cluster {
         let shuffle = work.join(format!("executor-{i}"));
         std::fs::create_dir_all(&shuffle).unwrap();
         let log = |name: String| std::fs::File::create(work.join(name)).unwrap();
+        let (flight, grpc) = (free_port(), free_port());
+        self.listening.extend([flight, grpc]);
         let child = std::process::Command::new(bin)
             .args(["ballista", "executor", "--scheduler", &format!("127.0.0.1:{}", self.port), "--concurrent-tasks", "2"])
-            .args(["--port", &free_port().to_string(), "--grpc-port", &free_port().to_string()])
+            .args(["--port", &flight.to_string(), "--grpc-port", &grpc.to_string()])
             .args(["--work-dir", &shuffle.to_string_lossy()])
             .stdout(log(format!("executor-{i}.log")))
             .stderr(log(format!("executor-{i}.err")))
@@ -227,22 +268,7 @@ fn sql_logic_tests_on_ballista() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let cluster = Cluster::start(2);
     // Wait for the scheduler and its executors (a query waits for an executor to run on).
-    let ready = rt.block_on(async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        loop {
-            let attempt = async {
-                let ctx = zrecord::query::ballista::remote_context(&cluster.url, 2).await?;
-                ctx.sql("SELECT 1").await?.collect().await
-            };
-            match tokio::time::timeout(std::time::Duration::from_secs(30), attempt).await {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) if std::time::Instant::now() > deadline => return Err(e.to_string()),
-                Err(_) if std::time::Instant::now() > deadline => return Err("timed out".to_string()),
-                _ => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
-            }
-        }
-    });
-    assert!(ready.is_ok(), "cluster did not start: {ready:?}\n{}", cluster.logs());
+    rt.block_on(cluster.ready_context(2));
     let mut failures = Vec::new();
     for file in slt_files().iter().filter(|f| !f.ends_with("loader.slt") && !f.ends_with("prepared.slt")) {
         let fx = fixtures.path().to_string_lossy().into_owned();
@@ -318,7 +344,7 @@ fn ballista_copy_equals_single_node_record_by_record() {
             src.display()
         );
         local.sql(&make).await.unwrap().collect().await.unwrap();
-        let remote = tokio::time::timeout(std::time::Duration::from_secs(120), zrecord::query::ballista::remote_context(&cluster.url, 4)).await.unwrap().unwrap();
+        let remote = cluster.ready_context(4).await;
         let copy = |out: &Path| format!("COPY (SELECT k, m, s, v FROM '{}') TO '{}' STORED AS ZRECORD OPTIONS (codec 'zstd', level '5')", src.display(), out.display());
         let (dist, one) = (d.join("dist"), d.join("one"));
         let r = tokio::time::timeout(std::time::Duration::from_secs(300), async { remote.sql(&copy(&dist)).await?.collect().await }).await.unwrap();
@@ -400,20 +426,7 @@ fn ballista_executor_loss_gives_the_exact_result_or_an_error() {
         rt.block_on(async { local.sql(&copy_sql(&one)).await.unwrap().collect().await.unwrap() });
         one
     });
-    let remote = rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(c) = zrecord::query::ballista::remote_context(&cluster.url, 8).await {
-                if let Ok(df) = c.sql("SELECT 1").await {
-                    if df.collect().await.is_ok() {
-                        break c;
-                    }
-                }
-            }
-            assert!(Instant::now() < deadline, "no cluster\n{}", cluster.logs());
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    });
+    let remote = rt.block_on(cluster.ready_context(8));
     // Runs query `k` (a COPY to `out`); the result rows, or the error text.
     let run = |k: usize, out: &Path| {
         let sql = if k == 3 { copy_sql(out) } else { queries[k].1.clone() };

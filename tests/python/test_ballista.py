@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 
@@ -32,15 +33,43 @@ def cluster(s3, tmp_path_factory):
     port = free_port()
     env = dict(os.environ)
     procs = [subprocess.Popen([zrec, "ballista", "scheduler", "--bind", f"127.0.0.1:{port}"], env=env, stdout=subprocess.DEVNULL, stderr=open(work / "scheduler.err", "w"))]
+    # The scheduler listening before any executor starts: an executor that cannot reach its
+    # scheduler at start-up exits.
+    deadline = time.time() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline:
+                for p in procs:
+                    p.kill()
+                raise
+            time.sleep(0.05)
+    listening = [port]
     for i in range(2):
         shuffle = work / f"executor-{i}"
         shuffle.mkdir()
-        args = ["ballista", "executor", "--scheduler", f"127.0.0.1:{port}", "--port", str(free_port()), "--grpc-port", str(free_port())]
+        flight, grpc = free_port(), free_port()
+        listening += [flight, grpc]
+        args = ["ballista", "executor", "--scheduler", f"127.0.0.1:{port}", "--port", str(flight), "--grpc-port", str(grpc)]
         args += ["--work-dir", str(shuffle), "--concurrent-tasks", "2"]
         procs.append(subprocess.Popen([zrec, *args], env=env, stdout=subprocess.DEVNULL, stderr=open(work / f"executor-{i}.err", "w")))
     url = f"df://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
+        # Every process listening first: an executor registers with the scheduler before its
+        # task server accepts connections, and a task launched into that window counts as a
+        # lost executor (the query is cancelled).
+        for p in listening:
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", p), timeout=1).close()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.1)
         while True:
             try:
                 zrecord.SessionContext(ballista=url).sql("SELECT 1 AS one").to_arrow()
