@@ -175,9 +175,8 @@ impl Cluster {
     /// machine, the scheduler may not be listening yet (connection refused).
     async fn ready_context(&self, partitions: usize) -> SessionContext {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        // Every process listening first: an executor registers with the scheduler before its
-        // task server accepts connections, and a task launched into that window counts as a
-        // lost executor (the query is cancelled).
+        // Every executor listening before the first query (a query then never waits on an
+        // executor still starting).
         for &port in &self.listening {
             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
                 assert!(std::time::Instant::now() < deadline, "port {port} never listened\n{}", self.logs());

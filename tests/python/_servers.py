@@ -39,6 +39,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def wait_listening(port, deadline):
+    """Wait until 127.0.0.1:`port` accepts connections; TimeoutError after `deadline`
+    (time.time())."""
+    import time
+
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+            time.sleep(0.05)
+
+
 class RangeServer:
     """A static file server over ``root`` with Range (``bytes=a-b``, ``bytes=-n``) and HEAD.
 

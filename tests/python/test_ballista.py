@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 import zrecord
-from _servers import free_port, zrec_bin
+from _servers import free_port, wait_listening, zrec_bin
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -35,17 +34,11 @@ def cluster(s3, tmp_path_factory):
     procs = [subprocess.Popen([zrec, "ballista", "scheduler", "--bind", f"127.0.0.1:{port}"], env=env, stdout=subprocess.DEVNULL, stderr=open(work / "scheduler.err", "w"))]
     # The scheduler listening before any executor starts: an executor that cannot reach its
     # scheduler at start-up exits.
-    deadline = time.time() + 120
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.time() > deadline:
-                for p in procs:
-                    p.kill()
-                raise
-            time.sleep(0.05)
+    try:
+        wait_listening(port, time.time() + 120)
+    except TimeoutError:
+        procs[0].kill()
+        raise
     listening = [port]
     for i in range(2):
         shuffle = work / f"executor-{i}"
@@ -58,18 +51,10 @@ def cluster(s3, tmp_path_factory):
     url = f"df://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
-        # Every process listening first: an executor registers with the scheduler before its
-        # task server accepts connections, and a task launched into that window counts as a
-        # lost executor (the query is cancelled).
+        # Every executor listening before the first query (a query then never waits on an
+        # executor still starting).
         for p in listening:
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", p), timeout=1).close()
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        raise
-                    time.sleep(0.1)
+            wait_listening(p, deadline)
         while True:
             try:
                 zrecord.SessionContext(ballista=url).sql("SELECT 1 AS one").to_arrow()
