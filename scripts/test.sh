@@ -8,6 +8,13 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
+# The Python test venvs (torch, JAX, datasets... ~4 GB of downloads) are prepared in the
+# background while cargo compiles; scripts/test_python.sh waits for nothing else.
+PYENV="$(mktemp -d "${TMPDIR:-/tmp}/zrecord-test-env.XXXXXX")"
+setsid bash scripts/python_env.sh "$PYENV" > "$PYENV/prepare.log" 2>&1 &
+PYENV_JOB=$!
+trap 'kill -- -$PYENV_JOB 2>/dev/null || kill $PYENV_JOB 2>/dev/null; wait $PYENV_JOB 2>/dev/null; rm -rf "$PYENV"' EXIT
+
 echo "== cargo test (unit, integration, property, doc tests, sql/*.slt)"
 cargo test --locked
 
@@ -28,11 +35,17 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "zrecord":
         print(m["executable"])' | tail -1)
-  for filter in memory:: store::codec:: io:: store::publish:: arrow::; do
-    valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite \
-      "$bin" --test-threads=1 -q "$filter"
-  done
+  # One run for every filter (the test binary's symbols are read once).
+  valgrind --quiet --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite \
+    "$bin" --test-threads=1 -q memory:: store::codec:: io:: store::publish:: arrow::
 else
   echo "valgrind not installed: skipped (CI installs it)"
 fi
-bash scripts/test_python.sh
+echo "== Python test environments (prepared while cargo built)"
+if ! wait $PYENV_JOB; then
+  tail -n 30 "$PYENV/prepare.log"
+  echo "preparing the Python test environments failed (log above)"
+  exit 1
+fi
+grep -i 'not installed' "$PYENV/prepare.log" || true
+ZRECORD_TEST_ENV="$PYENV" bash scripts/test_python.sh

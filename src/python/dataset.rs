@@ -36,7 +36,7 @@ impl PyDataset {
         let f = py.import("zrecord._pickle")?.getattr("dataset_stream")?;
         let args = (crate::python::PyPath(self.inner.path().to_path_buf()), stream.name.clone(), PyAllocator { inner: allocator.inner.clone() }, verify_checksums);
         let reduce = crate::python::store::travelling(py, self.inner.path(), (f, args).into_pyobject(py)?.into_any())?.unbind();
-        Ok(PySourceView::with_reduce(view, Some(reduce)))
+        Ok(PySourceView::with_reduce(view, Some(reduce)).named(stream.name.clone()))
     }
 }
 

@@ -183,7 +183,7 @@ impl PyDistReader {
         let f = py.import("zrecord._pickle")?.getattr("dist_view")?;
         let args = (self.spec()?, name.to_string(), PyAllocator { inner: alloc }, verify_checksums);
         let reduce = (f, args).into_pyobject(py)?.into_any().unbind();
-        Ok(PySourceView::with_reduce(view, Some(reduce)))
+        Ok(PySourceView::with_reduce(view, Some(reduce)).named(name))
     }
 
     /// Dense rows `ids` written straight into `out` (a writable C-contiguous DLPack tensor

@@ -22,7 +22,7 @@ use crate::memory::{Allocator, RaggedBatch, Tensor};
 use crate::python::errors::{to_py, IntoPy};
 use crate::python::input::{dtype_arg, shape_arg, Imported};
 use crate::python::memory::{py_dtype, PyAllocator, PyArrowBatch, PyDLTensor, PyRaggedBatch};
-use crate::python::store::{parse_key, PyDenseStore, PyDenseView, PyRaggedStore, PyRaggedView, Selection};
+use crate::python::store::{parse_key, OpenFlag, PyDenseStore, PyRaggedStore, PyRecordIter, Selection};
 use crate::store::{Batch, Ids, Layout, Logical, ReadOptions, RecordSource, SourceView, WriterOptions};
 
 /// A record source implemented in Python: an object with `__len__`, `dtype`, either
@@ -162,21 +162,52 @@ impl RecordSource for PythonSource {
 
 /// Any record source bound to an allocator: `view[i]`, `view[[i, j]]`, `view[a:b]`,
 /// `view.gather(ids)`, `view.to_arrow_batch()`; accepted by `Loader`, `ArrowLoader` and
-/// `SessionContext.register_sources`.
-#[pyclass(name = "SourceView", module = "zrecord", frozen)]
+/// `SessionContext.register_sources`. `DenseView` and `RaggedView` (a store's views) are its
+/// subclasses: every read method is this class's.
+#[pyclass(name = "SourceView", module = "zrecord", frozen, subclass)]
 pub struct PySourceView {
     view: SourceView,
     /// `(callable, args)` that rebuild this view in another process (for pickling), if known.
     reduce: Option<Py<PyAny>>,
+    /// The store's open flag for a store's view: reads raise once the store was closed.
+    flag: Option<OpenFlag>,
+    /// The stream's one name: the view's `name`, its `to_arrow` column, its SQL column.
+    stream: String,
 }
 
 impl PySourceView {
-    /// A view with a known recipe for pickling: `reduce` is a `(callable, args)` tuple.
+    /// A view with a known recipe for pickling: `reduce` is a `(callable, args)` tuple. Named
+    /// as its source names itself (`named` renames it).
     pub(crate) fn with_reduce(view: SourceView, reduce: Option<Py<PyAny>>) -> Self {
-        PySourceView { view, reduce }
+        let stream = view.source().name();
+        PySourceView { view, reduce, flag: None, stream }
+    }
+
+    /// The same view under the stream name `stream` (a dataset root's stream).
+    pub(crate) fn named(mut self, stream: impl Into<String>) -> Self {
+        self.stream = stream.into();
+        self
+    }
+
+    /// The base part of a store's typed view (`DenseView`, `RaggedView`).
+    pub(crate) fn of_store(view: SourceView, flag: OpenFlag, path: &std::path::Path) -> Self {
+        PySourceView { view, reduce: None, flag: Some(flag), stream: crate::store::dataset::stream_name_of(path) }
+    }
+
+    /// The stream's name (`name` in Python).
+    pub(crate) fn stream_name(&self) -> &str {
+        &self.stream
+    }
+
+    fn check(&self) -> PyResult<()> {
+        match &self.flag {
+            Some(f) => f.check(),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn view_clone(&self) -> PyResult<SourceView> {
+        self.check()?;
         Ok(self.view.clone())
     }
 
@@ -189,6 +220,7 @@ impl PySourceView {
     }
 
     fn gather_sel(&self, py: Python<'_>, sel: &Selection) -> PyResult<Batch> {
+        self.check()?;
         let ids = sel.ids()?;
         py.detach(|| self.view.gather_ids(ids)).py_err()
     }
@@ -199,12 +231,6 @@ pub(crate) fn source_view_of(obj: &Bound<'_, PyAny>, allocator: &Allocator, veri
     let options = ReadOptions { verify_checksums, parallel: true };
     if let Ok(v) = obj.cast::<PySourceView>() {
         return v.get().view_clone();
-    }
-    if let Ok(v) = obj.cast::<PyDenseView>() {
-        return Ok(v.get().view_clone()?.into());
-    }
-    if let Ok(v) = obj.cast::<PyRaggedView>() {
-        return Ok(v.get().view_clone()?.into());
     }
     let source: Arc<dyn RecordSource> = if let Ok(s) = obj.cast::<PyDenseStore>() {
         Arc::new(s.get().store()?)
@@ -226,14 +252,25 @@ impl PySourceView {
         let py = source.py();
         let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_default();
         let view = source_view_of(source, &alloc, verify_checksums)?;
-        let reduce = match source.cast::<PySourceView>() {
-            Ok(v) => v.get().reduce.as_ref().map(|r| r.clone_ref(py)),
-            Err(_) => {
-                let args = (source.clone(), PyAllocator { inner: alloc }, verify_checksums).into_pyobject(py)?;
-                Some((py.get_type::<PySourceView>(), args).into_pyobject(py)?.into_any().unbind())
-            }
+        let args = || -> PyResult<Py<PyAny>> {
+            let args = (source.clone(), PyAllocator { inner: alloc.clone() }, verify_checksums).into_pyobject(py)?;
+            Ok((py.get_type::<PySourceView>(), args).into_pyobject(py)?.into_any().unbind())
         };
-        Ok(PySourceView { view, reduce })
+        // A plain SourceView rebinds by its own recipe; a store's typed view (a subclass) or
+        // a store pickles itself, and this view is rebuilt around it.
+        let (reduce, stream) = if let Ok(v) = source.cast_exact::<PySourceView>() {
+            (v.get().reduce.as_ref().map(|r| r.clone_ref(py)), v.get().stream.clone())
+        } else if let Ok(v) = source.cast::<PySourceView>() {
+            (Some(args()?), v.get().stream.clone())
+        } else {
+            // A store is named as its stream folder; a Python source by its `name`, else "data".
+            let stream = match view.source().store() {
+                Some(s) => crate::store::dataset::stream_name_of(s.path()),
+                None => source.getattr("name").ok().and_then(|n| n.extract::<String>().ok()).unwrap_or_else(|| "data".into()),
+            };
+            (Some(args()?), stream)
+        };
+        Ok(PySourceView { view, reduce, flag: None, stream })
     }
 
     /// Pickles by how it was made: the store, view or Python source it wraps (which must be
@@ -252,8 +289,15 @@ impl PySourceView {
         self.view.options().verify_checksums
     }
 
-    fn __len__(&self) -> usize {
-        self.view.len() as usize
+    fn __len__(&self) -> PyResult<usize> {
+        self.check()?;
+        Ok(self.view.len() as usize)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> PyResult<PyRecordIter> {
+        slf.get().check()?;
+        let len = slf.get().view.len();
+        Ok(PyRecordIter::new(slf.into_any().unbind(), len))
     }
 
     #[getter]
@@ -286,9 +330,11 @@ impl PySourceView {
         self.view.source().logical().name()
     }
 
+    /// The stream's name: a dataset root's stream name, a store's (`root/000-t` is `t`, a
+    /// lone store its folder name), a Python source's `name`. `to_arrow` names its column so.
     #[getter]
     fn name(&self) -> String {
-        self.view.source().name()
+        self.stream.clone()
     }
 
     #[getter]
@@ -313,17 +359,20 @@ impl PySourceView {
         self.batch_to_py(py, b, false)
     }
 
-    /// The records (all, or `indices`) as a `pyarrow.Table` with one column `data`.
+    /// The records (all, or `indices`) as a `pyarrow.Table` with one column named as the
+    /// stream (`name`); the table shares the gathered memory.
     #[pyo3(signature = (indices = None))]
     fn to_arrow(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
         let batch = self.to_arrow_batch(py, indices)?;
         crate::python::memory::arrow_table(py, batch)
     }
 
-    /// The records (all, or `indices`) as an Arrow record batch with one column `data`, of the
-    /// same Arrow type SQL gives the source (strings as `string_view`).
+    /// The records (all, or `indices`) as an Arrow record batch with one column named as the
+    /// stream, of the Arrow type SQL gives the source: `arrow.fixed_shape_tensor` (dense),
+    /// `List<T>` or `arrow.variable_shape_tensor` (ragged), `string_view` / `binary_view`.
     #[pyo3(signature = (indices = None))]
     fn to_arrow_batch(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<PyArrowBatch> {
+        self.check()?;
         let sel = match indices {
             Some(k) => match parse_key(k, self.view.len())? {
                 Selection::One(i) => Selection::List(vec![i]),
@@ -333,15 +382,15 @@ impl PySourceView {
         };
         let b = self.gather_sel(py, &sel)?;
         let src = self.view.source();
-        let field = stream_field("data", src.as_ref()).py_err()?;
-        let col = batch_column("data", src.as_ref(), &b).py_err()?;
+        let field = stream_field(&self.stream, src.as_ref()).py_err()?;
+        let col = batch_column(&self.stream, src.as_ref(), &b).py_err()?;
         let schema = Arc::new(arrow_schema::Schema::new(vec![field]));
         Ok(PyArrowBatch::new(arrow_array::RecordBatch::try_new(schema, vec![col]).map_err(|e| PyValueError::new_err(e.to_string()))?))
     }
 
     fn __repr__(&self) -> String {
         let s = self.view.source();
-        format!("SourceView('{}', {} records, {} {}, {})", s.name(), s.len(), s.dtype(), s.layout(), s.logical())
+        format!("SourceView('{}', {} records, {} {}, {})", self.stream, s.len(), s.dtype(), s.layout(), s.logical())
     }
 }
 

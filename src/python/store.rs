@@ -8,12 +8,11 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PySlice, PyTuple};
 
-use crate::arrow::{column_from_ragged, dense_to_arrow, to_record_batch};
 use crate::dtype::DType;
-use crate::memory::Tensor;
 use crate::python::errors::{to_py, IntoPy};
 use crate::python::input::{dtype_arg, shape_arg, Imported};
-use crate::python::memory::{py_dtype, PyAllocator, PyArrowBatch, PyDLTensor, PyRaggedBatch};
+use crate::python::memory::{py_dtype, PyAllocator, PyDLTensor, PyRaggedBatch};
+use crate::python::source::PySourceView;
 use crate::store::{
     self, Codec, DenseStore, DenseView, DenseWriter, DictSource, Ids, RaggedStore, RaggedView, RaggedWriter, Store,
     StoreStats, WriterOptions,
@@ -189,13 +188,13 @@ fn stats_dict<'py>(py: Python<'py>, s: StoreStats) -> PyResult<Bound<'py, PyDict
 
 /// Open/closed flag shared by a store and its views.
 #[derive(Clone, Default)]
-struct OpenFlag(Arc<AtomicBool>);
+pub(crate) struct OpenFlag(Arc<AtomicBool>);
 
 impl OpenFlag {
     fn new() -> Self {
         OpenFlag(Arc::new(AtomicBool::new(true)))
     }
-    fn check(&self) -> PyResult<()> {
+    pub(crate) fn check(&self) -> PyResult<()> {
         if self.0.load(Ordering::Acquire) {
             Ok(())
         } else {
@@ -345,10 +344,10 @@ store_class!(PyDenseStore, DenseStore, {
     /// A placement view reading into `allocator`. `verify_checksums=False` skips the
     /// per-record checksum on reads (bounds are always checked).
     #[pyo3(signature = (allocator, verify_checksums = true))]
-    fn bind(&self, allocator: &PyAllocator, verify_checksums: bool) -> PyResult<PyDenseView> {
+    fn bind(&self, py: Python<'_>, allocator: &PyAllocator, verify_checksums: bool) -> PyResult<Py<PyDenseView>> {
         let mut view = self.store()?.bind(&allocator.inner);
         view.set_verify_checksums(verify_checksums);
-        Ok(PyDenseView { view, flag: self.flag.clone() })
+        PyDenseView::create(py, view, self.flag.clone())
     }
 });
 
@@ -365,10 +364,10 @@ store_class!(PyRaggedStore, RaggedStore, {
         Ok(self.store()?.ndim())
     }
     #[pyo3(signature = (allocator, verify_checksums = true))]
-    fn bind(&self, allocator: &PyAllocator, verify_checksums: bool) -> PyResult<PyRaggedView> {
+    fn bind(&self, py: Python<'_>, allocator: &PyAllocator, verify_checksums: bool) -> PyResult<Py<PyRaggedView>> {
         let mut view = self.store()?.bind(&allocator.inner);
         view.set_verify_checksums(verify_checksums);
-        Ok(PyRaggedView { view, flag: self.flag.clone() })
+        PyRaggedView::create(py, view, self.flag.clone())
     }
 });
 
@@ -514,6 +513,12 @@ pub struct PyRecordIter {
     len: u64,
 }
 
+impl PyRecordIter {
+    pub(crate) fn new(view: Py<PyAny>, len: u64) -> Self {
+        PyRecordIter { view, next: 0, len }
+    }
+}
+
 #[pymethods]
 impl PyRecordIter {
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -529,261 +534,82 @@ impl PyRecordIter {
     }
 }
 
-/// A dense store bound to an allocator: `view[i]`, `view[[i, j]]`, `view[a:b:c]`, `view[i, j]`.
-#[pyclass(name = "DenseView", module = "zrecord", frozen)]
+/// What a store's typed view adds to `SourceView`: the store behind it (path, codec) and
+/// pickling as (store path, allocator, verify_checksums). Reads are `SourceView`'s.
+macro_rules! store_view_class {
+    ($ty:ident, $view:ident, $name:literal) => {
+        impl $ty {
+            /// The view as its Python class: a `SourceView` subclass.
+            fn create(py: Python<'_>, view: $view, flag: OpenFlag) -> PyResult<Py<$ty>> {
+                let base = PySourceView::of_store(view.clone().into(), flag.clone(), view.store().path());
+                Py::new(py, PyClassInitializer::from(base).add_subclass($ty { view, flag }))
+            }
+
+            pub(crate) fn view_clone(&self) -> PyResult<$view> {
+                self.flag.check()?;
+                Ok(self.view.clone())
+            }
+        }
+
+        #[pymethods]
+        impl $ty {
+            /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store
+            /// again and binds it (views of one allocator share one pool again after unpickling).
+            fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
+                let f = py.import("zrecord._pickle")?.getattr("view")?;
+                let path = self.view.store().path().to_path_buf();
+                let r = (f, (crate::python::PyPath(path.clone()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())).into_pyobject(py)?.into_any();
+                travelling(py, &path, r)
+            }
+
+            /// The path of the store this view reads.
+            #[getter]
+            fn path(&self) -> crate::python::PyPath {
+                crate::python::PyPath(self.view.store().path().to_path_buf())
+            }
+
+            /// The store's codec: "raw", "zstd" or "zstd_dict".
+            #[getter]
+            fn codec(&self) -> &'static str {
+                self.view.codec().name()
+            }
+
+            fn __repr__(slf: &Bound<'_, Self>) -> String {
+                let v = &slf.get().view;
+                let name = slf.as_super().get().stream_name();
+                format!(concat!($name, "('{}', {} records, {} {}, {})"), name, v.len(), v.dtype(), crate::store::RecordSource::layout(&v.store()), v.codec().name())
+            }
+        }
+    };
+}
+
+/// A dense store bound to an allocator: a `SourceView` whose reads return `DLTensor`s
+/// (`view[i]`, `view[[i, j]]`, `view[a:b:c]`, `view.gather(ids)`), plus the store's path and codec.
+#[pyclass(name = "DenseView", module = "zrecord", frozen, extends = PySourceView)]
 pub struct PyDenseView {
     view: DenseView,
     flag: OpenFlag,
 }
+store_view_class!(PyDenseView, DenseView, "DenseView");
 
-fn gather_dense(py: Python<'_>, view: &DenseView, sel: &Selection) -> PyResult<Tensor> {
-    let ids = sel.ids()?;
-    py.detach(|| view.gather_ids(ids)).py_err()
-}
-
-impl PyDenseView {
-    pub(crate) fn view_clone(&self) -> PyResult<DenseView> {
-        self.flag.check()?;
-        Ok(self.view.clone())
-    }
-}
-
-#[pymethods]
-impl PyDenseView {
-    /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
-    /// and binds it (views of one allocator share one pool again after unpickling).
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
-        let f = py.import("zrecord._pickle")?.getattr("view")?;
-        let path = self.view.store().path().to_path_buf();
-        let r = (f, (crate::python::PyPath(path.clone()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())).into_pyobject(py)?.into_any();
-        travelling(py, &path, r)
-    }
-
-    /// Whether reads check record checksums.
-    #[getter]
-    fn verify_checksums(&self) -> bool {
-        self.view.verify_checksums()
-    }
-
-    /// The path of the store this view reads.
-    #[getter]
-    fn path(&self) -> crate::python::PyPath {
-        crate::python::PyPath(self.view.store().path().to_path_buf())
-    }
-
-    fn __len__(&self) -> PyResult<usize> {
-        self.flag.check()?;
-        Ok(self.view.len() as usize)
-    }
-    #[getter]
-    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        py_dtype(py, self.view.dtype())
-    }
-    #[getter]
-    fn item_shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.view.item_shape())
-    }
-    #[getter]
-    fn ndim(&self) -> usize {
-        self.view.item_shape().len()
-    }
-    #[getter]
-    fn codec(&self) -> &'static str {
-        self.view.codec().name()
-    }
-    #[getter]
-    fn allocator(&self) -> PyAllocator {
-        PyAllocator { inner: self.view.allocator().clone() }
-    }
-
-    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyDLTensor> {
-        self.flag.check()?;
-        let sel = parse_key(key, self.view.len())?;
-        let t = gather_dense(py, &self.view, &sel)?;
-        Ok(match sel {
-            Selection::One(_) => PyDLTensor::new(t.index_axis0(0).py_err()?, false),
-            _ => PyDLTensor::new(t, true),
-        })
-    }
-
-    /// Gather ids (any index expression) as one stacked batch.
-    fn gather(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<PyDLTensor> {
-        self.flag.check()?;
-        let sel = match parse_key(ids, self.view.len())? {
-            Selection::One(i) => Selection::List(vec![i]),
-            s => s,
-        };
-        Ok(PyDLTensor::new(gather_dense(py, &self.view, &sel)?, true))
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRecordIter> {
-        slf.flag.check()?;
-        let len = slf.view.len();
-        let py = slf.py();
-        Ok(PyRecordIter { view: slf.into_pyobject(py)?.into_any().unbind(), next: 0, len })
-    }
-
-    /// What the records mean: "tensor", "utf8" or "binary".
-    #[getter]
-    fn logical(&self) -> &'static str {
-        self.view.logical().name()
-    }
-
-    /// The records (all, or `indices`) as a `pyarrow.Table` with one column `data` (the
-    /// `to_arrow_batch` batch; the table shares the gathered memory).
-    #[pyo3(signature = (indices = None))]
-    fn to_arrow(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
-        let batch = self.to_arrow_batch(py, indices)?;
-        crate::python::memory::arrow_table(py, batch)
-    }
-
-    /// The records (all, or `indices`) as an Arrow record batch with one
-    /// `arrow.fixed_shape_tensor` column `data` (read it with `pyarrow.table(...)`).
-    #[pyo3(signature = (indices = None))]
-    fn to_arrow_batch(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<PyArrowBatch> {
-        self.flag.check()?;
-        let sel = match indices {
-            Some(k) => match parse_key(k, self.view.len())? {
-                Selection::One(i) => Selection::List(vec![i]),
-                s => s,
-            },
-            None => Selection::Range { start: 0, step: 1, len: self.view.len() as usize },
-        };
-        let t = gather_dense(py, &self.view, &sel)?;
-        Ok(PyArrowBatch::new(to_record_batch(vec![dense_to_arrow("data", &t).py_err()?]).py_err()?))
-    }
-
-    fn __repr__(&self) -> String {
-        format!("DenseView({} records, {}{:?}, {})", self.view.len(), self.view.dtype(), self.view.item_shape(), self.view.codec())
-    }
-}
-
-/// A ragged store bound to an allocator; reads return `RaggedBatch`.
-#[pyclass(name = "RaggedView", module = "zrecord", frozen)]
+/// A ragged store bound to an allocator: a `SourceView` whose reads return `RaggedBatch`es.
+#[pyclass(name = "RaggedView", module = "zrecord", frozen, extends = PySourceView)]
 pub struct PyRaggedView {
     view: RaggedView,
     flag: OpenFlag,
 }
-
-fn gather_ragged(py: Python<'_>, view: &RaggedView, sel: &Selection) -> PyResult<PyRaggedBatch> {
-    let ids = sel.ids()?;
-    Ok(PyRaggedBatch::owned_as(py.detach(|| view.gather_ids(ids)).py_err()?, view.logical()))
-}
-
-impl PyRaggedView {
-    pub(crate) fn view_clone(&self) -> PyResult<RaggedView> {
-        self.flag.check()?;
-        Ok(self.view.clone())
-    }
-}
-
-#[pymethods]
-impl PyRaggedView {
-    /// Pickles as (store path, allocator, verify_checksums): unpickling opens the store again
-    /// and binds it (views of one allocator share one pool again after unpickling).
-    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.flag.check().map_err(|_| PyValueError::new_err("a view of a closed store cannot be pickled"))?;
-        let f = py.import("zrecord._pickle")?.getattr("view")?;
-        let path = self.view.store().path().to_path_buf();
-        let r = (f, (crate::python::PyPath(path.clone()), PyAllocator { inner: self.view.allocator().clone() }, self.view.verify_checksums())).into_pyobject(py)?.into_any();
-        travelling(py, &path, r)
-    }
-
-    /// Whether reads check record checksums.
-    #[getter]
-    fn verify_checksums(&self) -> bool {
-        self.view.verify_checksums()
-    }
-
-    /// The path of the store this view reads.
-    #[getter]
-    fn path(&self) -> crate::python::PyPath {
-        crate::python::PyPath(self.view.store().path().to_path_buf())
-    }
-
-    fn __len__(&self) -> PyResult<usize> {
-        self.flag.check()?;
-        Ok(self.view.len() as usize)
-    }
-    #[getter]
-    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        py_dtype(py, self.view.dtype())
-    }
-    #[getter]
-    fn ndim(&self) -> usize {
-        self.view.ndim()
-    }
-    #[getter]
-    fn codec(&self) -> &'static str {
-        self.view.codec().name()
-    }
-    #[getter]
-    fn allocator(&self) -> PyAllocator {
-        PyAllocator { inner: self.view.allocator().clone() }
-    }
-
-    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyRaggedBatch> {
-        self.flag.check()?;
-        let sel = parse_key(key, self.view.len())?;
-        gather_ragged(py, &self.view, &sel)
-    }
-
-    fn gather(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<PyRaggedBatch> {
-        self.__getitem__(py, ids)
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRecordIter> {
-        slf.flag.check()?;
-        let len = slf.view.len();
-        let py = slf.py();
-        Ok(PyRecordIter { view: slf.into_pyobject(py)?.into_any().unbind(), next: 0, len })
-    }
-
-    /// What the records mean: "tensor", "utf8" or "binary".
-    #[getter]
-    fn logical(&self) -> &'static str {
-        self.view.logical().name()
-    }
-
-    /// The records (all, or `indices`) as a `pyarrow.Table` with one column `data` (the
-    /// `to_arrow_batch` batch; the table shares the gathered memory).
-    #[pyo3(signature = (indices = None))]
-    fn to_arrow(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
-        let batch = self.to_arrow_batch(py, indices)?;
-        crate::python::memory::arrow_table(py, batch)
-    }
-
-    /// The records as an Arrow record batch: `List<T>` (ndim 1) or
-    /// `arrow.variable_shape_tensor` column `data`.
-    #[pyo3(signature = (indices = None))]
-    fn to_arrow_batch(&self, py: Python<'_>, indices: Option<&Bound<'_, PyAny>>) -> PyResult<PyArrowBatch> {
-        self.flag.check()?;
-        let sel = match indices {
-            Some(k) => parse_key(k, self.view.len())?,
-            None => Selection::Range { start: 0, step: 1, len: self.view.len() as usize },
-        };
-        let ids = sel.ids()?;
-        let b = py.detach(|| self.view.gather_ids(ids)).py_err()?;
-        Ok(PyArrowBatch::new(to_record_batch(vec![column_from_ragged("data", &b, self.view.logical()).py_err()?]).py_err()?))
-    }
-
-    fn __repr__(&self) -> String {
-        format!("RaggedView({} records, {} ndim {}, {})", self.view.len(), self.view.dtype(), self.view.ndim(), self.view.codec())
-    }
-}
+store_view_class!(PyRaggedView, RaggedView, "RaggedView");
 
 /// Train a zstd dictionary from a view, store, batch, or an iterable of arrays / bytes.
 #[pyfunction]
 #[pyo3(signature = (source, max_size = store::DEFAULT_DICT_SIZE, progress = None))]
 pub(crate) fn train_dict<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, max_size: usize, progress: Option<bool>) -> PyResult<Bound<'py, PyBytes>> {
     let samples: Vec<Vec<u8>> = if let Ok(v) = source.cast::<PyDenseView>() {
-        v.get().flag.check()?;
-        let v = v.get().view.clone();
+        let v = v.get().view_clone()?;
         py.detach(move || v.dict_samples(store::DICT_SAMPLE_RECORDS)).py_err()?
     } else if let Ok(v) = source.cast::<PyRaggedView>() {
-        v.get().flag.check()?;
-        let v = v.get().view.clone();
+        let v = v.get().view_clone()?;
         py.detach(move || v.dict_samples(store::DICT_SAMPLE_RECORDS)).py_err()?
     } else if let Ok(s) = source.cast::<PyDenseStore>() {
         let s = Store::Dense(s.get().store()?);

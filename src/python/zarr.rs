@@ -255,9 +255,11 @@ impl PyZarrReader {
             _ => return Err(PyValueError::new_err("give either crops=[aabb, ...] or shape=... with count=...")),
         };
         let inner = self.inner.clone();
+        // Named as the array (the last part of its path), as a stream is named by its folder.
+        let stream = uri.trim_end_matches('/').rsplit('/').next().filter(|s| !s.is_empty()).unwrap_or("crops").to_string();
         let src = py.detach(move || CropSource::new(inner, &uri, level, spec, dtype)).map_err(to_py)?;
         let view = SourceView::new(Arc::new(src), &allocator.inner);
-        Ok(PySourceView::with_reduce(view, None))
+        Ok(PySourceView::with_reduce(view, None).named(stream))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

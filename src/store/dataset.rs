@@ -168,8 +168,9 @@ fn store_column_name(path: &Path) -> String {
 
 /// The name of a lone store opened on its own: the stream's name when the store is a stream
 /// folder of a dataset root (`root/000-t` is `t`, as in the root's `dataset.json`), so a stream
-/// has one name whether its root or the stream alone is opened; else its folder name.
-fn lone_store_name(path: &Path) -> String {
+/// has one name whether its root or the stream alone is opened; else its folder name. Python
+/// views name their `to_arrow` column this way too.
+pub fn stream_name_of(path: &Path) -> String {
     let named = || -> Option<String> {
         let folder = path.file_name()?.to_str()?;
         let root = path.parent()?;
@@ -245,7 +246,7 @@ impl Dataset {
     fn single(path: &Path) -> Result<Dataset> {
         let store = Store::open(path)?;
         let len = store.len();
-        let stream = Stream::of_store(lone_store_name(path), &store);
+        let stream = Stream::of_store(stream_name_of(path), &store);
         Ok(Dataset { path: path.to_path_buf(), streams: vec![stream], len, metadata: None, parts: Vec::new(), opened: false })
     }
 

@@ -18,7 +18,12 @@ from _servers import zrec_bin
 datasets = pytest.importorskip("datasets")
 PIL = pytest.importorskip("PIL.Image")
 
-from datasets import Array2D, Array3D, ClassLabel, Dataset, Features, Image, List, Value  # noqa: E402
+from datasets import Array2D, Array3D, ClassLabel, Dataset, Features, Image, Value  # noqa: E402
+
+try:  # datasets >= 4
+    from datasets import List  # noqa: E402
+except ImportError:  # the oldest supported (2.14): a list feature is a Sequence
+    from datasets import Sequence as List  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,3 +1,5 @@
+import pickle
+
 import numpy as np
 import pytest
 
@@ -234,12 +236,52 @@ def test_views_and_source_views_export_tables_natively(tmp_path):
         w.append(zrecord.RaggedBatch.from_records(recs))
     alloc = zrecord.Allocator()
     dense, ragged = zrecord.DenseStore(tmp_path / "d").bind(alloc), zrecord.RaggedStore(tmp_path / "r").bind(alloc)
-    for cls in (zrecord.DenseView, zrecord.RaggedView, zrecord.SourceView):
-        assert type(cls.__dict__["to_arrow"]).__name__ == "method_descriptor", cls
+    # One implementation: a store's views are SourceViews and inherit every read method.
+    assert type(zrecord.SourceView.__dict__["to_arrow"]).__name__ == "method_descriptor"
+    for cls in (zrecord.DenseView, zrecord.RaggedView):
+        assert issubclass(cls, zrecord.SourceView) and isinstance(dense if cls is zrecord.DenseView else ragged, zrecord.SourceView)
+        assert not {"to_arrow", "to_arrow_batch", "gather", "__getitem__", "logical", "__len__"} & set(cls.__dict__), cls
     t = dense.to_arrow([3, 0])
-    assert isinstance(t, pa.Table) and t.column_names == ["data"]
-    np.testing.assert_array_equal(t.column("data").combine_chunks().to_numpy_ndarray(), data[[3, 0]])
-    assert ragged.to_arrow().column("data").to_pylist() == [r.tolist() for r in recs]
+    assert isinstance(t, pa.Table) and t.column_names == ["d"] and dense.name == "d"
+    np.testing.assert_array_equal(t.column("d").combine_chunks().to_numpy_ndarray(), data[[3, 0]])
+    assert ragged.to_arrow().column("r").to_pylist() == [r.tolist() for r in recs]
     sv = zrecord.SourceView(ragged)
-    assert sv.to_arrow([2]).column("data").to_pylist() == [[0, 1, 2]]
+    assert sv.name == "r" and sv.to_arrow([2]).column("r").to_pylist() == [[0, 1, 2]]
     assert dense.logical == ragged.logical == sv.logical == "tensor"
+    assert [np.from_dlpack(x).tolist() for x in dense] == data.tolist()
+    assert repr(dense) == "DenseView('d', 4 records, int16 dense [2, 3], raw)"
+    assert repr(ragged) == "RaggedView('r', 3 records, int32 ragged ndim 1, zstd)"
+
+
+def test_a_stream_has_one_name_in_views_tables_and_sql(tmp_path):
+    """`root/000-t` is `t` whether the root or the stream folder alone is opened: the view's
+    name, its to_arrow column and its SQL column."""
+    pa = pytest.importorskip("pyarrow")
+    tokens = [np.arange(n, dtype=np.int32) for n in (3, 1, 2)]
+    zrecord.write_dataset(pa.table({"t": pa.array([r.tolist() for r in tokens], pa.list_(pa.int32()))}), tmp_path / "root", codec="raw")
+    alloc = zrecord.Allocator()
+    folder = next((tmp_path / "root").glob("*-t"))
+    views = [zrecord.Dataset(tmp_path / "root").view("t", alloc), zrecord.open(folder).bind(alloc)]
+    views.append(zrecord.SourceView(views[1]))
+    views.append(zrecord.SourceView(zrecord.open(folder), alloc))
+    for v in views:
+        assert v.name == "t", v
+        assert v.to_arrow().column_names == ["t"], v
+        assert v.to_arrow([2, 0]).column("t").to_pylist() == [[0, 1], [0, 1, 2]]
+    ctx = zrecord.SessionContext()
+    ctx.register("lone", folder)
+    assert ctx.sql("SELECT t FROM lone ORDER BY _id").to_arrow().column("t").to_pylist() == [r.tolist() for r in tokens]
+
+
+def test_a_closed_stores_views_refuse_every_read(tmp_path):
+    with zrecord.DenseWriter(tmp_path / "d", np.int16, (2,), "raw") as w:
+        w.append(np.arange(8, dtype=np.int16).reshape(4, 2))
+    store = zrecord.DenseStore(tmp_path / "d")
+    view = store.bind(zrecord.Allocator())
+    generic = zrecord.SourceView(view)
+    store.close()
+    for read in (len, lambda v: v[0], lambda v: v.gather([1]), lambda v: v.to_arrow(), lambda v: v.to_arrow_batch(), iter, pickle.dumps):
+        with pytest.raises(ValueError, match="closed"):
+            read(view)
+    # A SourceView made before the close keeps its own reference to the mapped store.
+    assert np.from_dlpack(generic[1]).tolist() == [2, 3]

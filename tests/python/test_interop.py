@@ -34,10 +34,10 @@ def test_pyarrow_dense_fixed_shape_tensor(stores, alloc):
     # Zero-copy: the Arrow values buffer is the batch's memory.
     assert arr.storage.values.buffers()[1].address == t.data_ptr
     table = view.to_arrow()
-    assert table.num_rows == 6 and table.column_names == ["data"]
-    np.testing.assert_array_equal(table.column("data").combine_chunks().to_numpy_ndarray(), dense)
+    assert table.num_rows == 6 and table.column_names == ["d"]
+    np.testing.assert_array_equal(table.column("d").combine_chunks().to_numpy_ndarray(), dense)
     sub = view.to_arrow([5, 0])
-    np.testing.assert_array_equal(sub.column("data").combine_chunks().to_numpy_ndarray(), dense[[5, 0]])
+    np.testing.assert_array_equal(sub.column("d").combine_chunks().to_numpy_ndarray(), dense[[5, 0]])
 
 
 def test_pyarrow_ragged_list_and_variable_shape(stores, alloc):
@@ -55,7 +55,7 @@ def test_pyarrow_ragged_list_and_variable_shape(stores, alloc):
     assert storage.field("shape").to_pylist() == [[2, 3], [3, 1]]
     assert storage.field("data").to_pylist() == [grids[0].reshape(-1).tolist(), grids[2].reshape(-1).tolist()]
     table = zrecord.RaggedStore(path / "r").bind(alloc).to_arrow()
-    assert table.column("data").to_pylist() == [r.tolist() for r in recs]
+    assert table.column("r").to_pylist() == [r.tolist() for r in recs]
 
 
 def test_polars(stores, alloc):
@@ -63,7 +63,7 @@ def test_polars(stores, alloc):
     pytest.importorskip("pyarrow")
     path, dense, recs, _ = stores
     df = pl.from_arrow(zrecord.RaggedStore(path / "r").bind(alloc).to_arrow())
-    assert df["data"].to_list() == [r.tolist() for r in recs]
+    assert df["r"].to_list() == [r.tolist() for r in recs]
     dfd = pl.from_arrow(zrecord.DenseStore(path / "d").bind(alloc).to_arrow())
     assert dfd.height == 6
 

@@ -75,7 +75,8 @@ def test_python_source_reads_through_views_loader_and_arrow_loader(alloc):
     t = pa.table(zrecord.ArrowLoader({"w": [words]}, zrecord.Sampler(9, 3, zrecord.Sampler.Mode.SEQUENTIAL), steps=3))
     assert t.column("w").type == pa.string_view()
     assert t.column("w").to_pylist() == ["w" * (i % 3) for i in range(9)]
-    assert pa.table(words.to_arrow_batch([2, 0])).column("data").to_pylist() == ["ww", ""]
+    # A Python source without a `name` is the stream "data".
+    assert words.name == "data" and pa.table(words.to_arrow_batch([2, 0])).column("data").to_pylist() == ["ww", ""]
 
 
 def test_python_source_is_queried_with_sql(alloc):
@@ -118,7 +119,7 @@ def test_v2_string_store_reads_back_as_strings_everywhere(tmp_path, alloc):
     store = zrecord.open(tmp_path / "s")
     assert (store.logical, store.format_version) == ("utf8", 2)
     view = store.bind(alloc)
-    assert view.to_arrow().column("data").to_pylist() == texts
+    assert view.to_arrow().column("s").to_pylist() == texts
     t = pa.table(zrecord.ArrowLoader({"s": [view]}, zrecord.Sampler(5, 5, zrecord.Sampler.Mode.SEQUENTIAL), steps=1))
     assert t.column("s").to_pylist() == texts
     ctx = zrecord.SessionContext()

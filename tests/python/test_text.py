@@ -621,7 +621,7 @@ def test_write_a_utf8_store_and_read_it_back(tmp_path):
     data = ["", "short", "a longer string than twelve bytes", "ünïcödé 漢字"] * 5
     assert write(tmp_path / "s", data, batch_rows=3) == len(data)
     view = zrecord.open(tmp_path / "s").bind(zrecord.Allocator())
-    assert view.to_arrow().column("data").to_pylist() == data
+    assert view.to_arrow().column("s").to_pylist() == data
     assert StringTensor(view[list(range(len(data)))]).to_list() == data
     # A generator of batches (pyarrow arrays), and nulls refused with their position.
     assert write(tmp_path / "g", (pa.array(data[i:i + 4]) for i in range(0, len(data), 4))) == len(data)
