@@ -51,7 +51,12 @@ def train(root, steps=200, batch=128):
     n, dim = make_dataset(root)
     alloc = zrecord.Allocator()
     streams = {name: [zrecord.open(f"{root}/{name}").bind(alloc)] for name in ("x", "y")}
-    loader = zrecord.Loader(streams, zrecord.Sampler(n, batch, "cyclic", seed=1), workers=2, transform=to_device)
+    # This host's shard of every epoch: an EpochPlan (the arithmetic the torch adapter uses too)
+    # dealt to jax.process_count() hosts; full batches only, so the jitted step sees one shape.
+    # A position from deal.position_after([steps] * hosts) resumes on another host count.
+    plan = zrecord.EpochPlan(n, batch, "cyclic", seed=1, drop_last=True)
+    stream = plan.deal(jax.process_count(), 1).stream(jax.process_index(), 0)
+    loader = zrecord.Loader(streams, stream, workers=2, transform=to_device)
     params = (jnp.zeros(dim), jnp.zeros(()))
     losses = []
     with loader:

@@ -8,6 +8,7 @@ mod dist;
 mod errors;
 mod input;
 mod loader;
+mod plan;
 mod memory;
 mod progress;
 mod source;
@@ -64,6 +65,9 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyMode>()?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<loader::PyArrowLoader>()?;
+    m.add_class::<plan::PyEpochPlan>()?;
+    m.add_class::<plan::PyDeal>()?;
+    m.add_class::<plan::PyShardStream>()?;
     m.add_class::<sql::PySessionContext>()?;
     m.add_class::<sql::PyQueryResult>()?;
     m.add_class::<sql::PyPreparedStatement>()?;

@@ -16,7 +16,6 @@ stores instead of receiving mapped memory.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -198,18 +197,21 @@ def _default_rank() -> tuple[int, int]:
 class IterableDataset(_tud.IterableDataset):
     """Batches from the zrecord Loader, one epoch per iteration, sharded exactly.
 
-    Every DataLoader worker of every rank is one shard ``s`` of ``S = world_size *
-    num_workers``: each step of the epoch draws one global batch of ``S * batch_size`` ids and
-    shard ``s`` gathers its contiguous slice (the Loader's rank slicing). With ``mode`` "cyclic"
-    (shuffled, a fresh permutation per epoch) or "sequential", an epoch visits every record
-    exactly once across all shards: the ``n % (S * batch_size)`` records after the last full
-    step are split the same way into one short batch per shard (``drop_last=True`` skips them).
-    "iid" draws with replacement, ``ceil(n / (S * batch_size))`` steps per epoch.
+    An epoch is ``zrecord.EpochPlan``'s base batches of ``batch_size`` ids (positions
+    ``[t*B, (t+1)*B)`` of the epoch's order: "cyclic", a fresh permutation per epoch, or
+    "sequential"; "iid" draws ``ceil(n / batch_size)`` batches with replacement), dealt round
+    robin to the ``S = world_size * num_workers`` shards: every DataLoader worker of every rank
+    is one shard, and one step of all shards is ``S`` consecutive batches of the single-process
+    stream. An epoch visits every record exactly once across all shards; the last batch may be
+    short and shards may differ by one batch (``drop_last=True`` drops the short batch and the
+    batches that do not fill a whole round, so every shard reads as many).
 
     ``set_epoch(e)`` picks the epoch (as with ``DistributedSampler``; with
     ``persistent_workers=True`` the workers keep the copy they started with, so the call does not
     reach them: use non-persistent workers to reshuffle per epoch); ``state_dict()`` /
-    ``load_state_dict()`` resume inside an epoch without repeating or skipping a batch.
+    ``load_state_dict()`` resume inside an epoch without repeating or skipping a batch, and
+    ``elastic_position(batches, num_workers)`` gives the position that ``load_state_dict({
+    "position": p})`` resumes on a different world size or worker count (elastic resumption).
     ``workers`` / ``prefetch`` are the Loader's gather threads per shard. ``rank`` and
     ``world_size`` default to ``torch.distributed`` when initialised, else ``RANK`` /
     ``WORLD_SIZE`` from the environment, else 0 / 1.
@@ -252,32 +254,45 @@ class IterableDataset(_tud.IterableDataset):
         self.epoch = 0
         self._batches = 0  # batches this shard yielded in the current epoch
         self._resume: dict | None = None
+        self._start: dict | None = None  # the elastic position this epoch was resumed from
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order for the next iteration (call on every rank)."""
         self.epoch = int(epoch)
 
     def _shard(self) -> tuple[int, int]:
+        """(this DataLoader worker's id, the DataLoader's worker count)."""
         info = _tud.get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.rank * nw + wid, self.world_size * nw
+        return (info.id, info.num_workers) if info is not None else (0, 1)
 
-    def _plan(self, shards: int) -> tuple[int, bool]:
-        """(full steps per epoch, whether a remainder step follows)."""
-        g = self.batch_size * shards
-        if self.mode == "iid":
-            return math.ceil(self.n / g), False
-        return self.n // g, (not self.drop_last and self.n % g != 0)
+    def _plan(self) -> Any:
+        return _z.EpochPlan(self.n, self.batch_size, self.mode, self.seed, self.drop_last)
 
     def batches_per_epoch(self, num_workers: int = 0) -> int:
-        """Batches this rank yields per epoch through a DataLoader with ``num_workers``
+        """Batches this rank yields per (whole) epoch through a DataLoader with ``num_workers``
         workers (all its workers together)."""
         nw = max(1, int(num_workers))
-        shards = self.world_size * nw
-        full, tail = self._plan(shards)
-        r = self.n - full * self.batch_size * shards
-        extra = sum(1 for w in range(nw) if tail and r > (self.rank * nw + w) * self.batch_size)
-        return full * nw + extra
+        return self._plan().deal(self.world_size, nw, {"epoch": self.epoch, "done": 0, "extra": []}).rank_len(self.rank)
+
+    def elastic_position(self, batches: int, num_workers: int = 0) -> dict:
+        """Where the job stands once every rank consumed ``batches`` batches of the current
+        epoch through DataLoaders with ``num_workers`` workers: a small dict (epoch, a consumed
+        prefix of base batches, the few consumed beyond it) that ``load_state_dict({"position":
+        p})`` resumes on any world size and worker count, no record twice, none skipped. Every
+        rank computes the same position; save it with the checkpoint."""
+        nw = max(1, int(num_workers))
+        deal = self._plan().deal(self.world_size, nw, self._deal_start())
+        return deal.position_after([int(batches)] * self.world_size)
+
+    def _deal_start(self) -> dict:
+        """Where the current epoch's deal starts, as this (main-process) object knows it: a
+        loaded state applies in DataLoader workers, which iterate copies of it."""
+        r = self._resume
+        if r is not None:
+            return dict(r["position"]) if r["position"] is not None else {"epoch": r["epoch"], "done": 0, "extra": []}
+        if self._start is not None:
+            return dict(self._start)
+        return {"epoch": self.epoch, "done": 0, "extra": []}
 
     def __len__(self) -> int:
         """Batches per epoch on this rank: inside a DataLoader worker, for that DataLoader's
@@ -293,18 +308,31 @@ class IterableDataset(_tud.IterableDataset):
         return _tud.DataLoader(self, num_workers=num_workers, **kwargs)
 
     def state_dict(self) -> dict:
-        """``{"epoch", "batches"}``: this shard's position (per DataLoader worker)."""
-        return {"epoch": self.epoch, "batches": self._batches}
+        """``{"epoch", "batches"}``: this shard's position (per DataLoader worker), plus the
+        ``"position"`` its epoch was resumed from when that was an elastic position."""
+        state = {"epoch": self.epoch, "batches": self._batches}
+        if self._start is not None:
+            state["position"] = dict(self._start)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at ``state`` on the next iteration."""
+        """Resume on the next iteration: from a ``state_dict()`` (the same layout), or from
+        ``{"position": p}`` (``elastic_position``, any layout)."""
+        if isinstance(state, dict) and set(state) == {"position"}:
+            # Checked now (typed errors), dealt when iteration starts (the layout is known then).
+            self._plan().deal(1, 1, state["position"])
+            self._resume = {"epoch": int(state["position"]["epoch"]), "batches": 0, "position": dict(state["position"])}
+            return
         try:
             epoch, batches = int(state["epoch"]), int(state["batches"])
-        except (KeyError, TypeError, ValueError) as e:
+            position = state.get("position")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a zrecord IterableDataset state: {state!r}") from e
         if epoch < 0 or batches < 0:
             raise ValueError(f"not a zrecord IterableDataset state: {state!r}")
-        self._resume = {"epoch": epoch, "batches": batches}
+        if position is not None:
+            self._plan().deal(1, 1, position)
+        self._resume = {"epoch": epoch, "batches": batches, "position": position}
 
     def _convert(self, parts: dict) -> Any:
         out = {name: to_torch(b, _logical(self.streams[name])) for name, b in parts.items()}
@@ -312,41 +340,33 @@ class IterableDataset(_tud.IterableDataset):
         return self.transform(out) if self.transform is not None else out
 
     def __iter__(self):
-        shard, shards = self._shard()
+        worker, workers = self._shard()
+        start, skip = None, 0
         if self._resume is not None:
-            self.epoch, start = self._resume["epoch"], self._resume["batches"]
+            self.epoch, skip, start = self._resume["epoch"], self._resume["batches"], self._resume["position"]
             self._resume = None
-        else:
-            start = 0
-        full, tail = self._plan(shards)
-        g = self.batch_size * shards
-        self._batches = start
-        if start < full:
-            sampler = _z.Sampler(self.n, g, self.mode, self.seed)
-            sampler.seek((self.epoch * full if self.mode != "sequential" else 0) + start)
-            loader = _z.Loader(
-                {name: [v] for name, v in self.streams.items()},
-                sampler,
-                workers=self.workers,
-                prefetch=self.prefetch,
-                rank=shard,
-                world_size=shards,
-            )
-            try:
-                for _ in range(full - start):
-                    (parts,) = next(loader)
-                    out = self._convert(parts)
-                    self._batches += 1
-                    yield out
-            finally:
-                loader.close()
-        if tail and self._batches <= full:
-            a = full * g + shard * self.batch_size
-            b = min(a + self.batch_size, self.n)
-            if a < b:
-                order = _z.Sampler(self.n, 1, self.mode, self.seed)
-                ids = order.epoch_order(self.epoch, a, b)
-                parts = {name: v.gather(ids) for name, v in self.streams.items()}
+        self._start = start
+        # The epoch's base batches dealt round robin to world_size x workers shards (the plan
+        # is the arithmetic the Grain and JAX paths use too); this worker is one shard.
+        position = start if start is not None else {"epoch": self.epoch, "done": 0, "extra": []}
+        deal = self._plan().deal(self.world_size, workers, position)
+        count = deal.shard_len(self.rank, worker)
+        self._batches = skip
+        if skip >= count:
+            return
+        loader = _z.Loader(
+            {name: [v] for name, v in self.streams.items()},
+            deal.stream(self.rank, worker),
+            workers=self.workers,
+            prefetch=self.prefetch,
+        )
+        try:
+            if skip:
+                loader.load_state_dict({"step": skip})
+            for _ in range(count - skip):
+                (parts,) = next(loader)
                 out = self._convert(parts)
                 self._batches += 1
                 yield out
+        finally:
+            loader.close()

@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::error::{catch_panic, Error, Result};
+use crate::loader::plan::ShardStream;
 use crate::loader::sampler::Sampler;
 use crate::memory::Allocator;
 use crate::store::{Batch, SourceView};
@@ -35,11 +36,17 @@ pub enum IdSource {
     Stateless(Sampler),
     /// A stateful draw (e.g. a user's Python sampler), serialised in step order.
     Draw(Box<dyn FnMut() -> Result<Vec<u64>> + Send>),
+    /// One shard of an epoch plan (stateless like the sampler): step `k` is the shard's `k`-th
+    /// batch, running on into later epochs. The plan already dealt ranks and workers, so the
+    /// loader takes it with `world_size` 1 and one view position; the last batch of an epoch
+    /// may be partial.
+    Plan(ShardStream),
 }
 
 /// The id source as the workers share it: only a stateful draw needs a lock.
 enum Ids {
     Stateless(Sampler),
+    Plan(ShardStream),
     Draw(Mutex<Box<dyn FnMut() -> Result<Vec<u64>> + Send>>),
 }
 
@@ -98,6 +105,11 @@ impl<T> Shared<T> {
     fn draw(&self, step: u64) -> Result<Vec<u64>> {
         let ids = match &self.ids {
             Ids::Stateless(s) => s.batch(step),
+            Ids::Plan(p) => {
+                let mut ids = Vec::new();
+                p.fill(step, &mut ids)?;
+                return Ok(ids);
+            }
             Ids::Draw(f) => (f.lock().unwrap_or_else(|p| p.into_inner()))()?,
         };
         if ids.len() != self.global_batch {
@@ -107,12 +119,13 @@ impl<T> Shared<T> {
     }
 
     fn stateless(&self) -> bool {
-        matches!(self.ids, Ids::Stateless(_))
+        matches!(self.ids, Ids::Stateless(_) | Ids::Plan(_))
     }
 
     /// Gather this rank's position batches of `step` from its global batch.
     fn produce(&self, step: u64, global: Vec<u64>) -> Result<T> {
-        let per_rank = self.global_batch / self.options.world_size;
+        // A plan's batch is this rank's whole (and may be short at an epoch's end).
+        let per_rank = if matches!(self.ids, Ids::Plan(_)) { global.len() } else { self.global_batch / self.options.world_size };
         let mine = &global[self.options.rank * per_rank..(self.options.rank + 1) * per_rank];
         let positions = self.streams[0].1.len();
         let per_pos = per_rank / positions;
@@ -219,6 +232,7 @@ impl<T: Send + 'static> Loader<T> {
     ) -> Result<Self> {
         let global_batch = match &ids {
             IdSource::Stateless(s) => s.batch_size(),
+            IdSource::Plan(p) => p.batch_size(),
             IdSource::Draw(_) => 0,
         };
         Self::build(streams, ids, global_batch, options, Box::new(transform))
@@ -294,6 +308,16 @@ impl<T: Send + 'static> Loader<T> {
                 return Err(Error::invalid("sampler", format!("the sampler draws from {} ids but the streams hold {l} records", s.len())));
             }
         }
+        if let IdSource::Plan(p) = &ids {
+            if options.world_size != 1 || positions != 1 {
+                return Err(Error::invalid("plan", "an epoch plan's shard is read with world_size 1 and one view position (the plan dealt ranks and workers already)"));
+            }
+            if let Some(l) = len {
+                if p.records() > l {
+                    return Err(Error::invalid("plan", format!("the plan covers {} records but the streams hold {l}", p.records())));
+                }
+            }
+        }
         let mut streams = streams;
         if options.workers > 0 {
             // Parallelism comes from the workers (one batch each), not from within a gather.
@@ -310,6 +334,7 @@ impl<T: Send + 'static> Loader<T> {
             transform,
             ids: match ids {
                 IdSource::Stateless(s) => Ids::Stateless(s),
+                IdSource::Plan(p) => Ids::Plan(p),
                 IdSource::Draw(f) => Ids::Draw(Mutex::new(f)),
             },
             state: Mutex::new(State { generation: 0, next_claim: 0, next_deliver: 0, ready: BTreeMap::new(), closed: false }),

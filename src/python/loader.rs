@@ -30,7 +30,7 @@ pub enum PyMode {
     CYCLIC,
 }
 
-fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
+pub(crate) fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
     if let Ok(m) = obj.cast::<PyMode>() {
         return Ok(match *m.get() {
             PyMode::SEQUENTIAL => Mode::Sequential,
@@ -47,7 +47,7 @@ fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
 /// `(Sampler, (n, batch_size, mode, seed), step)`.
 type SamplerReduce<'py> = (Bound<'py, PyAny>, (u64, usize, &'static str, u64), u64);
 
-fn mode_name(m: Mode) -> &'static str {
+pub(crate) fn mode_name(m: Mode) -> &'static str {
     match m {
         Mode::Sequential => "sequential",
         Mode::Iid => "iid",
@@ -334,7 +334,10 @@ impl PyLoader {
             }
             Python::attach(|py| fin.finish(py, parts).map(Produced::Done))
         };
-        let loader = if let Ok(s) = sampler.cast::<PySampler>() {
+        let loader = if let Ok(s) = sampler.cast::<crate::python::plan::PyShardStream>() {
+            let inner = s.get().inner.clone();
+            py.detach(move || Loader::with_transform(views, IdSource::Plan(inner), options, make)).py_err()?
+        } else if let Ok(s) = sampler.cast::<PySampler>() {
             let inner = s.borrow().inner.clone();
             let start = inner.step();
             let mut l = py.detach(move || Loader::with_transform(views, IdSource::Stateless(inner), options, make)).py_err()?;
@@ -344,7 +347,7 @@ impl PyLoader {
             l
         } else {
             if !sampler.hasattr("next")? {
-                return Err(PyTypeError::new_err("sampler must be a zrecord.Sampler or an object with next() returning a 1-D uint64/int64 array"));
+                return Err(PyTypeError::new_err("sampler must be a zrecord.Sampler, a zrecord.ShardStream or an object with next() returning a 1-D uint64/int64 array"));
             }
             let first = ids_from_py(&sampler.call_method0("next")?).py_err()?;
             let batch = first.len();

@@ -227,3 +227,50 @@ def test_stateful_dataloader_resume(data):
     dl2.load_state_dict(state)
     rest = [_ids_of(b) for b in dl2]
     assert head + rest == full
+
+
+@pytest.mark.parametrize("mode", ["cyclic", "iid"])
+def test_elastic_resume_on_other_world_sizes_and_worker_counts(data, mode):
+    """2 ranks x 2 DataLoader workers for 3 steps, then 3 ranks x 1 worker for 2 steps, then 1
+    rank x 4 workers to the end: together exactly the uninterrupted single-process epoch."""
+    root, _, _ = data
+    make = lambda rank, world: ztorch.IterableDataset(root / "root", batch_size=8, mode=mode, seed=4, rank=rank, world_size=world, workers=1)
+    whole = [_ids_of(b) for b in make(0, 1)]  # one process, no DataLoader workers
+    assert len(whole) == -(-N // 8)
+    seen, position = [], None
+    for world, num_workers, steps in ((2, 2, 3), (3, 1, 2), (1, 4, None)):
+        positions = set()
+        for rank in range(world):
+            ds = make(rank, world)
+            if position is not None:
+                ds.load_state_dict({"position": position})
+            dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers)
+            if steps is None:
+                seen += [_ids_of(b) for b in dl]
+                continue
+            it = iter(dl)
+            seen += [_ids_of(next(it)) for _ in range(steps)]
+            del it
+            p = ds.elastic_position(steps, num_workers)
+            positions.add((p["epoch"], p["done"], tuple(p["extra"])))
+        if steps is not None:
+            assert len(positions) == 1, "every rank computes the same position"
+            epoch, done, extra = positions.pop()
+            position = {"epoch": epoch, "done": done, "extra": list(extra)}
+    assert sorted(seen) == sorted(whole), "no batch twice, none skipped"
+    if mode == "cyclic":
+        assert sorted(i for b in seen for i in b) == list(range(N))
+
+
+def test_elastic_positions_are_checked(data):
+    root, _, _ = data
+    ds = ztorch.IterableDataset(root / "img.zrec", batch_size=8, rank=0, world_size=1)
+    for bad in ({"position": {"epoch": 0, "done": 10**6, "extra": []}}, {"position": {"epoch": 0}}, {"position": [1, 2]}):
+        with pytest.raises(ValueError):
+            ds.load_state_dict(bad)
+    ds.load_state_dict({"position": {"epoch": 2, "done": 20, "extra": [22]}})
+    got = [_ids_of(b) for b in ds]
+    plan = zrecord.EpochPlan(N, 8, "cyclic", seed=0)
+    want = [plan.ids(2, t).tolist() for t in [20, 21] + list(range(23, plan.batches))]
+    assert got == want
+    assert ds.state_dict() == {"epoch": 2, "batches": len(want), "position": {"epoch": 2, "done": 20, "extra": [22]}}

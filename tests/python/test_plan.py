@@ -1,0 +1,141 @@
+"""EpochPlan: an epoch dealt to ranks x workers, resumed exactly on other layouts (elastic
+resumption), read by the Loader as one shard's stream."""
+
+import numpy as np
+import pytest
+
+import zrecord
+
+
+def single_stream(plan, epoch):
+    """The uninterrupted single-process stream of an epoch, batch by batch."""
+    return [plan.ids(epoch, t).tolist() for t in range(plan.batches)]
+
+
+def round_robin(totals, m):
+    """Batches each worker yielded once m were taken round robin (exhausted workers skipped)."""
+    counts, left = [0] * len(totals), m
+    while left:
+        progressed = False
+        for w, total in enumerate(totals):
+            if left and counts[w] < total:
+                counts[w] += 1
+                left -= 1
+                progressed = True
+        assert progressed, "more consumed than dealt"
+    return counts
+
+
+def consume(deal, m):
+    """The batches every rank's DataLoader yields first (m per rank), as lists of ids."""
+    out = []
+    for r in range(deal.ranks):
+        totals = [deal.shard_len(r, w) for w in range(deal.workers)]
+        for w, c in enumerate(round_robin(totals, m)):
+            out += [deal.ids(r, w, i).tolist() for i in range(c)]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["cyclic", "sequential", "iid"])
+def test_two_by_two_then_three_by_one_then_one_by_four_equals_the_single_process_stream(mode):
+    plan = zrecord.EpochPlan(1003, 16, mode, seed=11)
+    assert (len(plan), plan.batches, plan.batch_size, plan.mode) == (1003, 63, 16, mode)
+    seen = []
+    d = plan.deal(2, 2)
+    seen += consume(d, 6)
+    p = d.position_after([6, 6])
+    assert p["epoch"] == 0 and p["done"] == 12
+    d = plan.deal(3, 1, p)
+    seen += consume(d, 5)
+    p = d.position_after([5, 5, 5])
+    d = plan.deal(1, 4, p)
+    rest = d.rank_len(0)
+    assert rest == 63 - 12 - 15
+    seen += consume(d, rest)
+    assert d.position_after([rest]) == {"epoch": 1, "done": 0, "extra": []}
+    # The same batches as the uninterrupted stream: none twice, none skipped.
+    assert sorted(seen) == sorted(single_stream(plan, 0))
+    if mode != "iid":
+        assert sorted(i for b in seen for i in b) == list(range(1003))
+
+
+def test_the_cyclic_order_is_a_fresh_permutation_per_epoch_and_matches_the_sampler():
+    plan = zrecord.EpochPlan(100, 8, "cyclic", seed=3)
+    e0, e1 = np.concatenate(single_stream(plan, 0)), np.concatenate(single_stream(plan, 1))
+    assert sorted(e0.tolist()) == sorted(e1.tolist()) == list(range(100)) and not np.array_equal(e0, e1)
+    np.testing.assert_array_equal(e1, zrecord.Sampler(100, 1, "cyclic", seed=3).epoch_order(1, 0, 100))
+    # 2 ranks x 2 workers: step i of shard s is base batch i*4 + s, i.e. the global batch of
+    # 32 that Sampler(100, 32) draws at step i, sliced.
+    d = plan.deal(2, 2)
+    g = zrecord.Sampler(100, 32, "cyclic", seed=3)
+    for i in range(3):
+        want = g.batch(i)
+        for s in range(4):
+            np.testing.assert_array_equal(d.ids(s // 2, s % 2, i), want[s * 8:(s + 1) * 8])
+
+
+def test_uneven_consumption_and_positions_from_checkpoints_are_checked():
+    plan = zrecord.EpochPlan(64, 4, "sequential")
+    d = plan.deal(2, 2)
+    p = d.position_after([1, 2])  # rank 0 one batch behind
+    assert p == {"epoch": 0, "done": 1, "extra": [2, 3]}
+    resumed = plan.deal(1, 1, p)
+    assert [resumed.shard_batch(0, 0, i) for i in range(3)] == [1, 4, 5]
+    for bad in (
+        {"epoch": 0, "done": 17, "extra": []},
+        {"epoch": 0, "done": 1, "extra": [1]},
+        {"epoch": 0, "done": 0, "extra": [3, 2]},
+        {"epoch": -1, "done": 0, "extra": []},
+        {"epoch": 0, "done": 0},
+        {"epoch": 0, "done": 0, "extra": ["x"]},
+        [0, 0, []],
+    ):
+        with pytest.raises(ValueError):
+            plan.deal(1, 1, bad)
+    with pytest.raises(ValueError):
+        d.position_after([1])  # two ranks
+    with pytest.raises(ValueError):
+        d.position_after([99, 0])
+    with pytest.raises(ValueError):
+        plan.deal(0, 1)
+    with pytest.raises(ValueError):
+        d.ids(0, 2, 0)
+    with pytest.raises(ValueError):
+        zrecord.EpochPlan(0, 4)
+    with pytest.raises(ValueError):
+        zrecord.EpochPlan(10, 4, "shuffled")
+
+
+def test_drop_last_gives_every_shard_as_many_full_batches():
+    plan = zrecord.EpochPlan(100, 8, "cyclic", seed=1, drop_last=True)
+    d = plan.deal(5, 1)
+    assert plan.batches == 12 and [d.rank_len(r) for r in range(5)] == [2] * 5
+    assert all(len(d.ids(r, 0, i)) == 8 for r in range(5) for i in range(2))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_reads_a_shard_stream_across_epochs(tmp_path, workers):
+    data = np.arange(45, dtype=np.int64).reshape(45, 1) * 10
+    with zrecord.DenseWriter(tmp_path / "x", np.int64, (1,), "raw") as w:
+        w.append(data)
+    view = zrecord.DenseStore(tmp_path / "x").bind(zrecord.Allocator())
+    plan = zrecord.EpochPlan(45, 4, "cyclic", seed=5)
+    d = plan.deal(3, 1, {"epoch": 2, "done": 1, "extra": [3]})
+    stream = d.stream(2, 0)
+    assert (stream.first_len, stream.epoch_len) == (3, 4)  # 10 of 12 left: 4, 3, 3; then 4 each
+    with zrecord.Loader({"x": [view]}, stream, workers=workers, prefetch=2) as loader:
+        got = [np.from_dlpack(next(loader)[0]["x"])[:, 0] // 10 for _ in range(8)]
+        state = loader.state_dict()
+        assert state == {"step": 8}
+        loader.load_state_dict({"step": 2})
+        again = np.from_dlpack(next(loader)[0]["x"])[:, 0] // 10
+    for k, ids in enumerate(got):
+        np.testing.assert_array_equal(ids, stream.ids(k))
+    np.testing.assert_array_equal(again, got[2])
+    assert [stream.locate(k)[0] for k in range(8)] == [2, 2, 2, 3, 3, 3, 3, 4]
+    # Shard 2 reads base batches 4, 7, 10 of epoch 2, then 2, 5, 8, 11 of each later epoch;
+    # batch 11 holds the 45th record alone.
+    assert [stream.locate(k)[1] for k in range(8)] == [4, 7, 10, 2, 5, 8, 11, 2]
+    assert [len(ids) for ids in got] == [4, 4, 4, 4, 4, 4, 1, 4]
+    with pytest.raises(ValueError):
+        zrecord.Loader({"x": [view, view]}, stream)  # the plan dealt positions already
