@@ -5,12 +5,14 @@
 //! epoch plans ([`EpochPlan`]) deal an epoch to ranks x workers and resume it on another layout.
 
 mod arrow;
+mod mixture;
 mod pipeline;
 mod plan;
 mod sampler;
 
 pub use arrow::{loader_schema, position_record_batch, LoaderBatchReader, STEP_COLUMN};
 pub use pipeline::{IdSource, Loader, LoaderHandle, LoaderOptions, PositionBatch, TransformGuard, MAX_PREFETCH, MAX_WORKERS};
+pub use mixture::Mixture;
 pub use plan::{Deal, EpochPlan, Position, ShardStream, MAX_EXTRA, MAX_SHARDS};
 pub use sampler::{Mode, Sampler, MAX_BATCH_SIZE};
 

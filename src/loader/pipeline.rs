@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::error::{catch_panic, Error, Result};
+use crate::loader::mixture::Mixture;
 use crate::loader::plan::ShardStream;
 use crate::loader::sampler::Sampler;
 use crate::memory::Allocator;
@@ -41,12 +42,16 @@ pub enum IdSource {
     /// loader takes it with `world_size` 1 and one view position; the last batch of an epoch
     /// may be partial.
     Plan(ShardStream),
+    /// A weighted mixture of sources (stateless): step `s`'s ids in the id space of the
+    /// sources concatenated (each stream a `ConcatSource` over the sources' views, in order).
+    Mixture(Mixture),
 }
 
 /// The id source as the workers share it: only a stateful draw needs a lock.
 enum Ids {
     Stateless(Sampler),
     Plan(ShardStream),
+    Mixture(Mixture),
     Draw(Mutex<Box<dyn FnMut() -> Result<Vec<u64>> + Send>>),
 }
 
@@ -110,6 +115,11 @@ impl<T> Shared<T> {
                 p.fill(step, &mut ids)?;
                 return Ok(ids);
             }
+            Ids::Mixture(m) => {
+                let mut ids = Vec::new();
+                m.fill(step, &mut ids)?;
+                ids
+            }
             Ids::Draw(f) => (f.lock().unwrap_or_else(|p| p.into_inner()))()?,
         };
         if ids.len() != self.global_batch {
@@ -119,7 +129,7 @@ impl<T> Shared<T> {
     }
 
     fn stateless(&self) -> bool {
-        matches!(self.ids, Ids::Stateless(_) | Ids::Plan(_))
+        matches!(self.ids, Ids::Stateless(_) | Ids::Plan(_) | Ids::Mixture(_))
     }
 
     /// Gather this rank's position batches of `step` from its global batch.
@@ -233,6 +243,7 @@ impl<T: Send + 'static> Loader<T> {
         let global_batch = match &ids {
             IdSource::Stateless(s) => s.batch_size(),
             IdSource::Plan(p) => p.batch_size(),
+            IdSource::Mixture(m) => m.batch_size(),
             IdSource::Draw(_) => 0,
         };
         Self::build(streams, ids, global_batch, options, Box::new(transform))
@@ -308,6 +319,11 @@ impl<T: Send + 'static> Loader<T> {
                 return Err(Error::invalid("sampler", format!("the sampler draws from {} ids but the streams hold {l} records", s.len())));
             }
         }
+        if let (IdSource::Mixture(m), Some(l)) = (&ids, len) {
+            if m.len() > l {
+                return Err(Error::invalid("mixture", format!("the mixture's sources hold {} records but the streams hold {l}", m.len())));
+            }
+        }
         if let IdSource::Plan(p) = &ids {
             if options.world_size != 1 || positions != 1 {
                 return Err(Error::invalid("plan", "an epoch plan's shard is read with world_size 1 and one view position (the plan dealt ranks and workers already)"));
@@ -335,6 +351,7 @@ impl<T: Send + 'static> Loader<T> {
             ids: match ids {
                 IdSource::Stateless(s) => Ids::Stateless(s),
                 IdSource::Plan(p) => Ids::Plan(p),
+                IdSource::Mixture(m) => Ids::Mixture(m),
                 IdSource::Draw(f) => Ids::Draw(Mutex::new(f)),
             },
             state: Mutex::new(State { generation: 0, next_claim: 0, next_deliver: 0, ready: BTreeMap::new(), closed: false }),

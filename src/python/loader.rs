@@ -334,7 +334,10 @@ impl PyLoader {
             }
             Python::attach(|py| fin.finish(py, parts).map(Produced::Done))
         };
-        let loader = if let Ok(s) = sampler.cast::<crate::python::plan::PyShardStream>() {
+        let loader = if let Ok(m) = sampler.cast::<crate::python::plan::PyMixture>() {
+            let inner = m.get().inner.clone();
+            py.detach(move || Loader::with_transform(views, IdSource::Mixture(inner), options, make)).py_err()?
+        } else if let Ok(s) = sampler.cast::<crate::python::plan::PyShardStream>() {
             let inner = s.get().inner.clone();
             py.detach(move || Loader::with_transform(views, IdSource::Plan(inner), options, make)).py_err()?
         } else if let Ok(s) = sampler.cast::<PySampler>() {

@@ -1,13 +1,17 @@
-//! Epoch plans for Python: `EpochPlan`, its `Deal` to ranks x workers, one shard's
-//! `ShardStream` (which `Loader` reads like a sampler), positions as plain dicts.
+//! Training streams for Python: `EpochPlan`, its `Deal` to ranks x workers, one shard's
+//! `ShardStream` (which `Loader` reads like a sampler), positions as plain dicts; `Mixture`.
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::loader::{Deal, EpochPlan, Position, ShardStream};
+use crate::loader::{Deal, EpochPlan, Mixture, Position, ShardStream};
+use crate::memory::Allocator;
 use crate::python::errors::IntoPy;
 use crate::python::loader::mode_arg;
+use crate::python::memory::PyAllocator;
+use crate::python::source::{source_view_of, PySourceView};
+use crate::store::{Batch, ConcatSource, Ids, SourceView};
 
 /// A position as Python sees it: `{"epoch": int, "done": int, "extra": [int, ...]}`.
 pub(crate) fn position_dict<'py>(py: Python<'py>, p: &Position) -> PyResult<Bound<'py, PyDict>> {
@@ -221,5 +225,224 @@ impl PyShardStream {
         let mut out = Vec::new();
         self.inner.fill(k, &mut out).py_err()?;
         py.import("numpy")?.call_method1("array", (out, "uint64"))
+    }
+}
+
+/// Mean elements per record of a ragged source (tokens per document): from the store's
+/// statistics when it is one store, else from up to 4096 evenly spaced records (all of them
+/// when there are fewer).
+fn mean_elements(view: &SourceView) -> crate::error::Result<f64> {
+    let src = view.source();
+    let n = src.len();
+    if let Some(store) = src.store() {
+        if store.len() == n {
+            let itemsize = src.dtype().size() as f64;
+            return Ok(store.stats().raw_bytes as f64 / itemsize / n as f64);
+        }
+    }
+    let k = n.min(4096);
+    let ids: Vec<u64> = (0..k).map(|i| (i as u128 * n as u128 / k as u128) as u64).collect();
+    match view.gather_ids(Ids::List(&ids))? {
+        Batch::Ragged(r) => Ok(r.cu_seqlens_slice().last().copied().unwrap_or(0) as f64 / k as f64),
+        Batch::Dense(_) => Err(crate::error::Error::invalid("by", "tokens are counted in a ragged stream; this one is dense")),
+    }
+}
+
+/// Several datasets mixed in set proportions: `Mixture({name: (streams, weight)}, batch_size)`
+/// where `streams` is one source's `{stream: view}` (the same stream names in every source) or
+/// a single view. Every global batch of `batch_size` ids holds each source at its weight (by
+/// records, or by tokens with `by="tokens"`: weights divided by each source's mean record
+/// length in its ragged token stream), spread evenly: over any window the counts are within a
+/// couple of records of the weights (a fixed low-discrepancy pattern, no drift). Each source
+/// walks its own epochs in `mode`; `epochs(step)` reports them; `max_epochs` makes starting a
+/// further epoch of any source an error naming it. Stateless: a step number is the whole
+/// state. `Loader(mix.streams, mix, ...)` reads it (rank / world_size slicing and workers as
+/// with a sampler).
+#[pyclass(name = "Mixture", module = "zrecord", frozen)]
+pub struct PyMixture {
+    pub(crate) inner: Mixture,
+    names: Vec<String>,
+    streams: Vec<(String, SourceView)>,
+}
+
+fn source_streams(py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>, allocator: &Allocator) -> PyResult<Vec<(String, SourceView)>> {
+    let _ = py;
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut out = Vec::new();
+        for (k, v) in d.iter() {
+            let stream: String = k.extract().map_err(|_| PyTypeError::new_err(format!("source '{name}': stream names must be strings")))?;
+            out.push((stream, source_view_of(&v, allocator, true)?));
+        }
+        if out.is_empty() {
+            return Err(PyValueError::new_err(format!("source '{name}' has no streams")));
+        }
+        Ok(out)
+    } else {
+        Ok(vec![("data".to_string(), source_view_of(obj, allocator, true)?)])
+    }
+}
+
+#[pymethods]
+impl PyMixture {
+    #[new]
+    #[pyo3(signature = (sources, batch_size, mode = None, seed = 0, by = "records", max_epochs = None, tokens = None, allocator = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        sources: &Bound<'_, PyDict>,
+        batch_size: usize,
+        mode: Option<&Bound<'_, PyAny>>,
+        seed: u64,
+        by: &str,
+        max_epochs: Option<u64>,
+        tokens: Option<String>,
+        allocator: Option<&PyAllocator>,
+    ) -> PyResult<Self> {
+        let mode = match mode {
+            Some(m) => mode_arg(m)?,
+            None => crate::loader::Mode::Cyclic,
+        };
+        if by != "records" && by != "tokens" {
+            return Err(PyValueError::new_err(format!("by must be 'records' or 'tokens', got '{by}'")));
+        }
+        let alloc = allocator.map(|a| a.inner.clone()).unwrap_or_default();
+        let mut names = Vec::new();
+        let mut weights = Vec::new();
+        let mut per_source: Vec<Vec<(String, SourceView)>> = Vec::new();
+        for (k, v) in sources.iter() {
+            let name: String = k.extract().map_err(|_| PyTypeError::new_err("source names must be strings"))?;
+            let (streams, weight): (Bound<'_, PyAny>, f64) =
+                v.extract().map_err(|_| PyTypeError::new_err(format!("source '{name}' must be a (streams, weight) pair")))?;
+            per_source.push(source_streams(py, &name, &streams, &alloc)?);
+            names.push(name);
+            weights.push(weight);
+        }
+        let first = per_source.first().ok_or_else(|| PyValueError::new_err("a mixture needs at least one source"))?;
+        let stream_names: Vec<String> = first.iter().map(|(s, _)| s.clone()).collect();
+        let mut lens = Vec::with_capacity(per_source.len());
+        for (name, streams) in names.iter().zip(&per_source) {
+            let mine: Vec<&String> = streams.iter().map(|(s, _)| s).collect();
+            if mine.len() != stream_names.len() || stream_names.iter().any(|s| !mine.contains(&s)) {
+                return Err(PyValueError::new_err(format!("source '{name}' has streams {mine:?}; '{}' has {stream_names:?}: every source needs the same streams", names[0])));
+            }
+            let n = streams[0].1.len();
+            if let Some((s, v)) = streams.iter().find(|(_, v)| v.len() != n) {
+                return Err(PyValueError::new_err(format!("source '{name}': stream '{s}' holds {} records, '{}' {n}", v.len(), streams[0].0)));
+            }
+            lens.push(n);
+        }
+        if by == "tokens" {
+            let ragged: Vec<&String> = first.iter().filter(|(_, v)| matches!(v.source().layout(), crate::store::Layout::Ragged { .. })).map(|(s, _)| s).collect();
+            let stream = match (&tokens, ragged.as_slice()) {
+                (Some(t), _) => t.clone(),
+                (None, [one]) => (*one).clone(),
+                (None, _) => return Err(PyValueError::new_err(format!("by='tokens' needs tokens=<stream name>: the ragged streams are {ragged:?}"))),
+            };
+            for (k, streams) in per_source.iter().enumerate() {
+                let v = streams.iter().find(|(s, _)| *s == stream).map(|(_, v)| v.clone()).ok_or_else(|| PyValueError::new_err(format!("source '{}' has no stream '{stream}'", names[k])))?;
+                let mean = py.detach(|| mean_elements(&v)).py_err()?;
+                if mean <= 0.0 {
+                    return Err(PyValueError::new_err(format!("source '{}': its '{stream}' records hold no tokens", names[k])));
+                }
+                weights[k] /= mean;
+            }
+        }
+        let inner = Mixture::new(&lens, &weights, batch_size, mode, seed, max_epochs).py_err()?;
+        let mut streams = Vec::new();
+        for s in &stream_names {
+            let parts: Vec<_> = per_source.iter().map(|src| src.iter().find(|(n, _)| n == s).map(|(_, v)| v.source().clone())).collect::<Option<Vec<_>>>().ok_or_else(|| PyValueError::new_err(format!("stream '{s}' is missing from a source")))?;
+            let concat = ConcatSource::new(s.clone(), parts).map_err(|e| PyValueError::new_err(format!("stream '{s}': {e}")))?;
+            streams.push((s.clone(), SourceView::new(std::sync::Arc::new(concat), &alloc)));
+        }
+        Ok(PyMixture { inner, names, streams })
+    }
+
+    /// `{stream: [SourceView]}` over all sources (ids as the mixture draws them), for `Loader`.
+    #[getter]
+    fn streams<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, view) in &self.streams {
+            let v = Py::new(py, PySourceView::with_reduce(view.clone(), None).named(name.clone()))?;
+            d.set_item(name, vec![v])?;
+        }
+        Ok(d)
+    }
+
+    /// Source names, in id order.
+    #[getter]
+    fn sources(&self) -> Vec<String> {
+        self.names.clone()
+    }
+
+    /// Each source's share of the records of a batch (what the weights became).
+    #[getter]
+    fn shares<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (i, n) in self.names.iter().enumerate() {
+            let (a, period) = self.inner.share(i);
+            d.set_item(n, a as f64 / period as f64)?;
+        }
+        Ok(d)
+    }
+
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.inner.batch_size()
+    }
+
+    /// Records of all sources (ids are below this).
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// The global ids of step `step` (uint64 array, in slot order).
+    fn batch<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyAny>> {
+        let mut out = Vec::new();
+        self.inner.fill(step, &mut out).py_err()?;
+        py.import("numpy")?.call_method1("array", (out, "uint64"))
+    }
+
+    /// `{source: epoch}` at step `step` (before it is drawn).
+    fn epochs<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (n, e) in self.names.iter().zip(self.inner.epochs(step)) {
+            d.set_item(n, e)?;
+        }
+        Ok(d)
+    }
+
+    /// `{source: records drawn}` before step `step`.
+    fn consumed<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (n, c) in self.names.iter().zip(self.inner.consumed(step)) {
+            d.set_item(n, c)?;
+        }
+        Ok(d)
+    }
+
+    /// The source index of each global id (int64 array; `sources[k]` names it).
+    fn source_of<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let ids = crate::python::input::Imported::from_any(ids)?.index_ids(self.inner.len())?;
+        let out: Vec<i64> = ids.iter().map(|&id| self.inner.source_of(id).map(|s| s as i64).unwrap_or(-1)).collect();
+        py.import("numpy")?.call_method1("array", (out, "int64"))
+    }
+
+    /// The id where each source's records start (`source k` holds ids `starts[k]..`).
+    #[getter]
+    fn starts(&self) -> Vec<u64> {
+        (0..self.inner.sources()).map(|i| self.inner.start(i)).collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let parts: Vec<String> = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let (a, d) = self.inner.share(i);
+                format!("{n}: {:.4}", a as f64 / d as f64)
+            })
+            .collect();
+        format!("Mixture({{{}}}, batch_size={})", parts.join(", "), self.inner.batch_size())
     }
 }

@@ -139,3 +139,84 @@ def test_the_loader_reads_a_shard_stream_across_epochs(tmp_path, workers):
     assert [len(ids) for ids in got] == [4, 4, 4, 4, 4, 4, 1, 4]
     with pytest.raises(ValueError):
         zrecord.Loader({"x": [view, view]}, stream)  # the plan dealt positions already
+
+
+def _dense(path, values):
+    with zrecord.DenseWriter(path, np.int64, (1,), "raw") as w:
+        w.append(np.asarray(values, dtype=np.int64).reshape(-1, 1))
+    return zrecord.DenseStore(path).bind(zrecord.Allocator())
+
+
+def _ragged(path, lens, tag):
+    recs = [np.full(n, tag * 1000 + i, dtype=np.int32) for i, n in enumerate(lens)]
+    with zrecord.RaggedWriter(path, np.int32, 1, "raw") as w:
+        w.append(zrecord.RaggedBatch.from_records(recs))
+    return zrecord.RaggedStore(path).bind(zrecord.Allocator())
+
+
+def test_a_mixture_holds_each_source_at_its_weight_in_every_window(tmp_path):
+    web = _dense(tmp_path / "web", np.arange(500) + 10_000)
+    code = _dense(tmp_path / "code", np.arange(40) + 20_000)
+    mix = zrecord.Mixture({"web": ({"x": web}, 7), "code": ({"x": code}, 3)}, batch_size=20, seed=3)
+    assert mix.sources == ["web", "code"] and mix.starts == [0, 500] and len(mix) == 540
+    assert mix.shares == {"web": 0.7, "code": 0.3}
+    floats = zrecord.Mixture({"web": ({"x": web}, 0.7), "code": ({"x": code}, 0.3)}, batch_size=20)
+    assert abs(floats.shares["web"] - 0.7) < 1e-4
+    steps = [mix.batch(s) for s in range(60)]
+    for w in (1, 5, 17):
+        for start in range(0, 60 - w):
+            ids = np.concatenate(steps[start:start + w])
+            src = mix.source_of(ids)
+            assert abs((src == 1).sum() - 0.3 * len(ids)) <= 2
+    # Each source walks its own epochs: 360 code records = 9 epochs of 40, each a permutation.
+    code_ids = np.concatenate(steps)[np.concatenate([mix.source_of(s) for s in steps]) == 1] - 500
+    assert len(code_ids) == 360 and all(sorted(e) == list(range(40)) for e in code_ids.reshape(9, 40).tolist())
+    assert mix.epochs(60) == {"web": 1, "code": 9} and mix.consumed(60) == {"web": 840, "code": 360}
+    # Through the Loader, sliced over 2 ranks with workers: the values are the mixed records.
+    got = []
+    for rank in range(2):
+        with zrecord.Loader(mix.streams, mix, workers=2, rank=rank, world_size=2) as loader:
+            got.append([np.from_dlpack(next(loader)[0]["x"])[:, 0] for _ in range(6)])
+    for s in range(6):
+        want = np.where(steps[s] < 500, steps[s] + 10_000, steps[s] - 500 + 20_000)
+        np.testing.assert_array_equal(np.concatenate([got[0][s], got[1][s]]), want)
+
+
+def test_a_token_mixture_weighs_sources_by_tokens(tmp_path):
+    rng = np.random.default_rng(0)
+    short = _ragged(tmp_path / "short", rng.integers(1, 20, 300), 1)   # ~10 tokens a record
+    long = _ragged(tmp_path / "long", rng.integers(50, 150, 100), 2)   # ~100 tokens a record
+    mix = zrecord.Mixture({"short": (short, 1), "long": (long, 1)}, batch_size=32, by="tokens", seed=1)
+    tokens = {"short": 0, "long": 0}
+    with zrecord.Loader(mix.streams, mix, workers=0) as loader:
+        for _ in range(300):
+            b = next(loader)[0]["data"]
+            values = np.from_dlpack(b.values)
+            tokens["short"] += int((values < 2000).sum())
+            tokens["long"] += int((values >= 2000).sum())
+    share = tokens["short"] / (tokens["short"] + tokens["long"])
+    assert 0.45 < share < 0.55, tokens
+    assert mix.shares["short"] > 0.85  # many more short records for as many tokens
+
+
+def test_mixture_errors(tmp_path):
+    a = _dense(tmp_path / "a", np.arange(10))
+    b = _ragged(tmp_path / "b", [1, 2, 3], 0)
+    with pytest.raises(ValueError, match="same streams"):
+        zrecord.Mixture({"a": ({"x": a}, 1), "b": ({"y": a}, 1)}, batch_size=4)
+    with pytest.raises(ValueError):
+        zrecord.Mixture({"a": ({"x": a}, 1), "b": ({"x": b}, 1)}, batch_size=4)  # dense vs ragged
+    with pytest.raises(ValueError):
+        zrecord.Mixture({"a": (a, 0), "b": (a, 1)}, batch_size=4)
+    with pytest.raises(TypeError):
+        zrecord.Mixture({"a": a}, batch_size=4)
+    with pytest.raises(ValueError):
+        zrecord.Mixture({}, batch_size=4)
+    with pytest.raises(ValueError, match="ragged"):
+        zrecord.Mixture({"a": (a, 1)}, batch_size=4, by="tokens")
+    mix = zrecord.Mixture({"a": (a, 1), "a2": (a, 3)}, batch_size=8, mode="sequential", max_epochs=1)
+    with zrecord.Loader(mix.streams, mix, workers=0) as loader:
+        next(loader)
+        with pytest.raises(ValueError, match="source 1 is exhausted"):
+            for _ in range(3):
+                next(loader)
