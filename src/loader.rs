@@ -6,6 +6,7 @@
 
 mod arrow;
 mod mixture;
+mod pack;
 mod pipeline;
 mod plan;
 mod sampler;
@@ -13,6 +14,7 @@ mod sampler;
 pub use arrow::{loader_schema, position_record_batch, LoaderBatchReader, STEP_COLUMN};
 pub use pipeline::{IdSource, Loader, LoaderHandle, LoaderOptions, PositionBatch, TransformGuard, MAX_PREFETCH, MAX_WORKERS};
 pub use mixture::Mixture;
+pub use pack::{PackOptions, PackState, Packed, Packer, MAX_LOOKAHEAD, MAX_PACKED_TOKENS};
 pub use plan::{Deal, EpochPlan, Position, ShardStream, MAX_EXTRA, MAX_SHARDS};
 pub use sampler::{Mode, Sampler, MAX_BATCH_SIZE};
 

@@ -69,6 +69,7 @@ fn _zrecord(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PyDeal>()?;
     m.add_class::<plan::PyShardStream>()?;
     m.add_class::<plan::PyMixture>()?;
+    m.add_class::<plan::PyPacker>()?;
     m.add_class::<sql::PySessionContext>()?;
     m.add_class::<sql::PyQueryResult>()?;
     m.add_class::<sql::PyPreparedStatement>()?;

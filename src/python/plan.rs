@@ -1,15 +1,16 @@
 //! Training streams for Python: `EpochPlan`, its `Deal` to ranks x workers, one shard's
-//! `ShardStream` (which `Loader` reads like a sampler), positions as plain dicts; `Mixture`.
+//! `ShardStream` (which `Loader` reads like a sampler), positions as plain dicts; `Mixture`;
+//! `Packer`.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::loader::{Deal, EpochPlan, Mixture, Position, ShardStream};
-use crate::memory::Allocator;
+use crate::loader::{Deal, EpochPlan, Mixture, PackOptions, PackState, Packer, Position, ShardStream};
+use crate::memory::{Allocator, Tensor};
 use crate::python::errors::IntoPy;
 use crate::python::loader::mode_arg;
-use crate::python::memory::PyAllocator;
+use crate::python::memory::{PyAllocator, PyDLTensor};
 use crate::python::source::{source_view_of, PySourceView};
 use crate::store::{Batch, ConcatSource, Ids, SourceView};
 
@@ -444,5 +445,114 @@ impl PyMixture {
             })
             .collect();
         format!("Mixture({{{}}}, batch_size={})", parts.join(", "), self.inner.batch_size())
+    }
+}
+
+/// Sequence packing: the documents of a ragged token view (in the epoch order of `mode`,
+/// this rank's share) packed into `[rows, seq_len]` windows, first fit within a window of
+/// `lookahead` documents; a document longer than `seq_len` is cut into whole rows and its rest
+/// waits (nothing is dropped). Each step gives `{"tokens", "position_ids", "document_ids",
+/// "cu_seqlens", "efficiency"}`: DLTensors `[rows, seq_len]` (tokens in the source dtype, padding
+/// `pad_id`; positions restart at each document; document ids -1 on padding), int32 segment
+/// boundaries over the rows laid end to end (padding runs included), and the fraction of real
+/// tokens. `state_dict()` / `load_state_dict()` resume exactly (cursor and window, no replay).
+#[pyclass(name = "Packer", module = "zrecord")]
+pub struct PyPacker {
+    inner: std::sync::Mutex<Packer>,
+    real: std::sync::atomic::AtomicU64,
+    total: std::sync::atomic::AtomicU64,
+}
+
+fn state_dict<'py>(py: Python<'py>, s: &PackState) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", s.step)?;
+    d.set_item("cursor", s.cursor)?;
+    d.set_item("window", s.window.iter().map(|&(a, b)| vec![a, b]).collect::<Vec<_>>())?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyPacker {
+    #[new]
+    #[pyo3(signature = (view, seq_len, rows = 1, mode = None, seed = 0, lookahead = 64, pad_id = 0, rank = 0, world_size = 1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        view: &Bound<'_, PyAny>,
+        seq_len: usize,
+        rows: usize,
+        mode: Option<&Bound<'_, PyAny>>,
+        seed: u64,
+        lookahead: usize,
+        pad_id: i64,
+        rank: u64,
+        world_size: u64,
+    ) -> PyResult<Self> {
+        let mode = match mode {
+            Some(m) => mode_arg(m)?,
+            None => crate::loader::Mode::Cyclic,
+        };
+        let v = source_view_of(view, &Allocator::default(), true)?;
+        let inner = Packer::new(v, mode, seed, rank, world_size, PackOptions { rows, seq_len, lookahead, pad_id }).py_err()?;
+        Ok(PyPacker { inner: std::sync::Mutex::new(inner), real: Default::default(), total: Default::default() })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (b, alloc) = py
+            .detach(|| {
+                let mut p = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                p.next_batch().map(|b| (b, p.allocator().clone()))
+            })
+            .py_err()?;
+        let shape = b.tokens.shape().to_vec();
+        let cells = b.position_ids.len() as u64;
+        self.real.fetch_add(b.real_tokens, std::sync::atomic::Ordering::Relaxed);
+        self.total.fetch_add(cells, std::sync::atomic::Ordering::Relaxed);
+        let d = PyDict::new(py);
+        d.set_item("tokens", PyDLTensor::new(b.tokens, true))?;
+        d.set_item("position_ids", PyDLTensor::new(Tensor::from_slice(&alloc, &b.position_ids, &shape).py_err()?, true))?;
+        d.set_item("document_ids", PyDLTensor::new(Tensor::from_slice(&alloc, &b.document_ids, &shape).py_err()?, true))?;
+        let n = b.cu_seqlens.len();
+        d.set_item("cu_seqlens", PyDLTensor::new(Tensor::from_slice(&alloc, &b.cu_seqlens, &[n]).py_err()?, true))?;
+        d.set_item("efficiency", b.real_tokens as f64 / cells.max(1) as f64)?;
+        Ok(d)
+    }
+
+    /// Real tokens / all tokens of every batch packed so far by this object.
+    #[getter]
+    fn efficiency(&self) -> f64 {
+        let t = self.total.load(std::sync::atomic::Ordering::Relaxed);
+        self.real.load(std::sync::atomic::Ordering::Relaxed) as f64 / t.max(1) as f64
+    }
+
+    /// The epoch of the document stream (of this rank's next document).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).epoch()
+    }
+
+    /// `{"step", "cursor", "window": [[document, tokens placed], ...]}`.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner()).state();
+        state_dict(py, &s)
+    }
+
+    /// Resume from a `state_dict()` (checked: ValueError on a state that does not fit).
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let bad = |why: &str| PyValueError::new_err(format!("not a Packer state ({why}): expected {{'step': int, 'cursor': int, 'window': [[int, int], ...]}}"));
+        let d = state.cast::<PyDict>().map_err(|_| bad("not a dict"))?;
+        let get = |k: &str| d.get_item(k).ok().flatten().ok_or_else(|| bad(&format!("no '{k}'")));
+        let step: u64 = get("step")?.extract().map_err(|_| bad("'step' is not a non-negative int"))?;
+        let cursor: u64 = get("cursor")?.extract().map_err(|_| bad("'cursor' is not a non-negative int"))?;
+        let w = get("window")?;
+        if w.len().map_err(|_| bad("'window' is not a list"))? > crate::loader::MAX_LOOKAHEAD {
+            return Err(bad("the window is longer than any lookahead"));
+        }
+        let window: Vec<[u64; 2]> = w.extract().map_err(|_| bad("'window' is not a list of [document, offset] pairs"))?;
+        let st = PackState { step, cursor, window: window.into_iter().map(|[d, o]| (d, o)).collect() };
+        py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).restore(&st)).py_err()
     }
 }

@@ -220,3 +220,94 @@ def test_mixture_errors(tmp_path):
         with pytest.raises(ValueError, match="source 1 is exhausted"):
             for _ in range(3):
                 next(loader)
+
+
+def reference_pack(docs, order, rows, seq_len, lookahead, pad_id, steps):
+    """An independent plain-Python first-fit packer (the documented algorithm)."""
+    window, cursor, out = [], 0, []
+    for _ in range(steps):
+        while len(window) < lookahead:
+            window.append([order[cursor % len(order)], 0])
+            cursor += 1
+        used = [0] * rows
+        segs = [[] for _ in range(rows)]
+        for entry in window:
+            d, off = entry
+            total = len(docs[d])
+            while off < total:
+                rem = total - off
+                if rem <= seq_len:
+                    r = next((r for r in range(rows) if seq_len - used[r] >= rem), None)
+                else:
+                    r = next((r for r in range(rows) if used[r] == 0), None)
+                if r is None:
+                    break
+                n = min(rem, seq_len)
+                segs[r].append((d, off, n))
+                used[r] += n
+                off += n
+            entry[1] = off
+        window = [e for e in window if e[1] < len(docs[e[0]])]
+        tokens = np.full((rows, seq_len), pad_id, dtype=np.int32)
+        pos = np.zeros((rows, seq_len), dtype=np.int64)
+        ids = np.full((rows, seq_len), -1, dtype=np.int64)
+        cu = [0]
+        for r in range(rows):
+            at = 0
+            for d, off, n in segs[r]:
+                tokens[r, at:at + n] = docs[d][off:off + n]
+                pos[r, at:at + n] = np.arange(off, off + n)
+                ids[r, at:at + n] = d
+                at += n
+                cu.append(r * seq_len + at)
+            if at < seq_len:
+                cu.append((r + 1) * seq_len)
+        out.append((tokens, pos, ids, np.array(cu, dtype=np.int32)))
+    return out
+
+
+def test_packing_matches_the_reference_and_resumes_exactly(tmp_path):
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 50_000, int(n), dtype=np.int32) for n in rng.integers(0, 300, 200)]
+    with zrecord.RaggedWriter(tmp_path / "docs", np.int32, 1, "zstd", allow_empty=True) as w:
+        w.append(zrecord.RaggedBatch.from_records(docs))
+    view = zrecord.RaggedStore(tmp_path / "docs").bind(zrecord.Allocator())
+    order = zrecord.Sampler(200, 1, "cyclic", seed=9).epoch_order(0, 0, 200).tolist()
+    order += zrecord.Sampler(200, 1, "cyclic", seed=9).epoch_order(1, 0, 200).tolist()
+    want = reference_pack(docs, order, rows=4, seq_len=256, lookahead=16, pad_id=-7, steps=40)
+    packer = zrecord.Packer(view, 256, rows=4, mode="cyclic", seed=9, lookahead=16, pad_id=-7)
+    got = [next(packer) for _ in range(40)]
+    for (tokens, pos, ids, cu), b in zip(want, got):
+        np.testing.assert_array_equal(np.from_dlpack(b["tokens"]), tokens)
+        np.testing.assert_array_equal(np.from_dlpack(b["position_ids"]), pos)
+        np.testing.assert_array_equal(np.from_dlpack(b["document_ids"]), ids)
+        np.testing.assert_array_equal(np.from_dlpack(b["cu_seqlens"]), cu)
+        assert b["efficiency"] == (ids >= 0).mean()
+    real = sum(int((ids >= 0).sum()) for _, _, ids, _ in want)
+    assert packer.efficiency == real / (40 * 4 * 256) and packer.efficiency > 0.8 and packer.epoch == 1
+    # Resume from the state after step 25: the same 15 batches follow.
+    again = zrecord.Packer(view, 256, rows=4, mode="cyclic", seed=9, lookahead=16, pad_id=-7)
+    for _ in range(25):
+        next(again)
+    state = again.state_dict()
+    assert set(state) == {"step", "cursor", "window"} and len(state["window"]) <= 16
+    resumed = zrecord.Packer(view, 256, rows=4, mode="cyclic", seed=9, lookahead=16, pad_id=-7)
+    resumed.load_state_dict(state)
+    for k in range(25, 40):
+        np.testing.assert_array_equal(np.from_dlpack(next(resumed)["tokens"]), want[k][0])
+
+
+def test_packer_errors(tmp_path):
+    with zrecord.DenseWriter(tmp_path / "d", np.int32, (4,), "raw") as w:
+        w.append(np.zeros((3, 4), np.int32))
+    dense = zrecord.DenseStore(tmp_path / "d").bind(zrecord.Allocator())
+    with pytest.raises(ValueError, match="ragged"):
+        zrecord.Packer(dense, 8)
+    tok = _ragged(tmp_path / "t", [3, 4, 5], 0)
+    for kwargs in ({"seq_len": 0}, {"seq_len": 8, "rows": 0}, {"seq_len": 8, "lookahead": 0}, {"seq_len": 8, "pad_id": 2**40}, {"seq_len": 8, "rank": 1}):
+        with pytest.raises(ValueError):
+            zrecord.Packer(tok, **kwargs)
+    p = zrecord.Packer(tok, 8)
+    for bad in ({"step": 0, "cursor": 0, "window": [[9, 0]]}, {"step": 0, "cursor": 0, "window": [[0, 99]]}, {"step": -1, "cursor": 0, "window": []}, {"cursor": 0}, [1]):
+        with pytest.raises(ValueError):
+            p.load_state_dict(bad)
