@@ -16,6 +16,6 @@ pub use pipeline::{IdSource, Loader, LoaderHandle, LoaderOptions, PositionBatch,
 pub use mixture::Mixture;
 pub use pack::{PackOptions, PackState, Packed, Packer, MAX_LOOKAHEAD, MAX_PACKED_TOKENS};
 pub use plan::{Deal, EpochPlan, Position, ShardStream, MAX_EXTRA, MAX_SHARDS};
-pub use sampler::{Mode, Sampler, MAX_BATCH_SIZE};
+pub use sampler::{Mode, Sampler, DEFAULT_BLOCK, DEFAULT_WINDOW, MAX_BATCH_SIZE};
 
 pub use crate::store::{Batch, SourceView};

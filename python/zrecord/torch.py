@@ -236,8 +236,8 @@ class IterableDataset(_tud.IterableDataset):
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if mode not in ("cyclic", "sequential", "iid"):
-            raise ValueError(f"mode must be 'cyclic', 'sequential' or 'iid', got {mode!r}")
+        if mode not in ("cyclic", "sequential", "iid", "block"):
+            raise ValueError(f"mode must be 'cyclic', 'sequential', 'iid' or 'block', got {mode!r}")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         if rank is None:

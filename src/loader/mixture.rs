@@ -183,33 +183,36 @@ impl Mixture {
         out.clear();
         out.reserve(self.batch_size as usize);
         let d = self.period as u128;
-        let mut buf = [0u64; 1];
         for j in first..first + self.batch_size as u128 {
             let i = self.pattern[(j % d) as usize] as usize;
-            let p = &self.parts[i];
             let pos = next[i];
             next[i] += 1;
-            let epoch = u64::try_from(pos / p.n as u128).map_err(|_| Error::invalid("step", format!("step {step} is past the last epoch a source can count")))?;
-            if self.max_epochs.is_some_and(|m| epoch >= m) {
-                return Err(Error::invalid(
-                    "step",
-                    format!("source {i} is exhausted: step {step} would start its epoch {epoch}, max_epochs is {}", self.max_epochs.unwrap_or(0)),
-                ));
-            }
-            let offset = (pos % p.n as u128) as u64;
-            let id = match self.mode {
-                Mode::Iid => {
-                    p.order.fill(pos as u64, &mut buf);
-                    buf[0]
-                }
-                _ => {
-                    p.order.order(epoch, offset, &mut buf)?;
-                    buf[0]
-                }
-            };
-            out.push(p.start + id);
+            out.push(self.id_of(i, pos, || format!("step {step}"))?);
         }
         Ok(())
+    }
+
+    /// The global id of record slot `j` of the run (slot `j` of step `j / batch_size`): what a
+    /// consumer reading the mixture one record at a time (sequence packing) takes.
+    pub fn slot_id(&self, j: u128) -> Result<u64> {
+        let i = self.pattern[(j % self.period as u128) as usize] as usize;
+        self.id_of(i, self.slots_before(i, j), || format!("record slot {j}"))
+    }
+
+    /// The global id of source `i`'s record at position `pos` of its stream of epochs.
+    fn id_of(&self, i: usize, pos: u128, at: impl Fn() -> String) -> Result<u64> {
+        let p = &self.parts[i];
+        let epoch = u64::try_from(pos / p.n as u128).map_err(|_| Error::invalid("step", format!("{} is past the last epoch a source can count", at())))?;
+        if let Some(m) = self.max_epochs.filter(|&m| epoch >= m) {
+            return Err(Error::invalid("step", format!("source {i} is exhausted: {} would start its epoch {epoch}, max_epochs is {m}", at())));
+        }
+        let offset = (pos % p.n as u128) as u64;
+        let mut buf = [0u64; 1];
+        match self.mode {
+            Mode::Iid => p.order.fill(pos as u64, &mut buf),
+            _ => p.order.order(epoch, offset, &mut buf)?,
+        }
+        Ok(p.start + buf[0])
     }
 }
 
@@ -319,6 +322,18 @@ mod tests {
         assert!(m.fill(9, &mut v).is_ok());
         let e = m.fill(10, &mut v).unwrap_err().to_string();
         assert!(e.contains("source 0 is exhausted"), "{e}");
+    }
+
+    #[test]
+    fn slots_one_at_a_time_are_the_batches_laid_end_to_end() {
+        let m = Mixture::new(&[30, 11, 5], &[0.5, 0.3, 0.2], 7, Mode::Cyclic, 4, None).unwrap();
+        let mut v = Vec::new();
+        for s in 0..20u64 {
+            m.fill(s, &mut v).unwrap();
+            for (k, &id) in v.iter().enumerate() {
+                assert_eq!(m.slot_id(s as u128 * 7 + k as u128).unwrap(), id);
+            }
+        }
     }
 
     #[test]

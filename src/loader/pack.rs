@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::loader::mixture::Mixture;
 use crate::loader::sampler::{Mode, Sampler};
 use crate::memory::{Allocator, Tensor};
 use crate::store::{Batch, Ids, Layout, SourceView};
@@ -78,11 +79,18 @@ struct Pending {
     bytes: Vec<u8>,
 }
 
+/// Where documents come from: one source's epoch order, or a mixture's record slots.
+#[derive(Clone, Debug)]
+enum DocOrder {
+    Sampler(Sampler),
+    Mixture(Box<Mixture>),
+}
+
 /// Packs a ragged token source into fixed windows (see the module documentation).
 #[derive(Debug)]
 pub struct Packer {
     view: SourceView,
-    order: Sampler,
+    order: DocOrder,
     n: u64,
     rank: u64,
     world_size: u64,
@@ -135,10 +143,22 @@ impl Packer {
             return Err(Error::invalid("rank", format!("rank {rank} is not in 0..{world_size}")));
         }
         let n = src.len();
-        let order = Sampler::new(n, 1, mode, seed)?;
+        let order = DocOrder::Sampler(Sampler::new(n, 1, mode, seed)?);
         let itemsize = src.dtype().size();
         let allocator = view.allocator().clone();
         Ok(Packer { view, order, n, rank, world_size, options, itemsize, pad, allocator, cursor: 0, step: 0, window: VecDeque::new() })
+    }
+
+    /// A packer whose documents are `mixture`'s records, one slot after another (this rank's
+    /// slots `rank, rank + world_size, ...`): several datasets mixed in set proportions, then
+    /// packed. `view` reads the mixture's id space (the sources' token views concatenated).
+    pub fn with_mixture(view: SourceView, mixture: Mixture, rank: u64, world_size: u64, options: PackOptions) -> Result<Packer> {
+        if mixture.len() != view.len() {
+            return Err(Error::invalid("mixture", format!("the mixture's sources hold {} records, the token view {}", mixture.len(), view.len())));
+        }
+        let mut p = Packer::new(view, Mode::Sequential, 0, rank, world_size, options)?;
+        p.order = DocOrder::Mixture(Box::new(mixture));
+        Ok(p)
     }
 
     /// The allocator the batches come from (the view's).
@@ -152,14 +172,25 @@ impl Packer {
     }
 
     /// This rank's stream position `j` as a document id.
-    fn doc_at(&self, j: u64) -> u64 {
-        let pos = j.wrapping_mul(self.world_size).wrapping_add(self.rank);
-        self.order.batch(pos)[0]
+    fn doc_at(&self, j: u64) -> Result<u64> {
+        let pos = j as u128 * self.world_size as u128 + self.rank as u128;
+        match &self.order {
+            DocOrder::Sampler(s) => Ok(s.batch(pos as u64)[0]),
+            DocOrder::Mixture(m) => m.slot_id(pos),
+        }
     }
 
-    /// The epoch of the document stream (this rank's next document).
+    /// The epoch of the document stream (this rank's next document); for a mixture, the
+    /// lowest epoch of its sources.
     pub fn epoch(&self) -> u64 {
-        self.cursor.saturating_mul(self.world_size).saturating_add(self.rank) / self.n
+        let pos = self.cursor.saturating_mul(self.world_size).saturating_add(self.rank);
+        match &self.order {
+            DocOrder::Sampler(_) => pos / self.n,
+            DocOrder::Mixture(m) => {
+                let b = m.batch_size() as u64;
+                m.epochs(pos / b).into_iter().min().unwrap_or(0)
+            }
+        }
     }
 
     /// The state after the last step.
@@ -212,7 +243,7 @@ impl Packer {
         let is = self.itemsize;
         // Top the window up to `lookahead` documents: one gather.
         let need = lookahead - self.window.len().min(lookahead);
-        let docs: Vec<u64> = (0..need as u64).map(|k| self.doc_at(self.cursor + k)).collect();
+        let docs: Vec<u64> = (0..need as u64).map(|k| self.doc_at(self.cursor + k)).collect::<Result<_>>()?;
         let fresh = self.read(&docs, &vec![0; docs.len()])?;
         let window: Vec<Pending> = self.window.drain(..).chain(fresh).collect();
 
@@ -355,7 +386,7 @@ mod tests {
                 placed.extend((off as i64..lens[d as usize] as i64).map(|k| (d as i64, k)));
             }
             let mut pulled: Vec<(i64, i64)> = (0..st.cursor).flat_map(|j| {
-                let d = p.doc_at(j);
+                let d = p.doc_at(j).unwrap();
                 (0..lens[d as usize] as i64).map(move |k| (d as i64, k))
             }).collect();
             placed.sort_unstable();

@@ -8,6 +8,11 @@
 //!   the next even power of two, with cycle walking), fresh for every cycle; each cycle yields
 //!   `n / B` full batches, so the omitted remainder differs from cycle to cycle. No permutation
 //!   array exists; `seek` is O(1).
+//! - `Block`: cyclic over a locality-aware order: the full blocks of `block` contiguous records
+//!   are permuted (fresh per cycle), taken `window` blocks at a time, and the records of each
+//!   window are permuted among themselves (the last partial block comes last, shuffled within
+//!   itself). A batch then touches a few blocks (a few coalesced range reads on remote or cold
+//!   storage) instead of one place per record, at the cost of less randomness than `Cyclic`.
 
 use crate::error::{Error, Result};
 
@@ -20,6 +25,8 @@ pub enum Mode {
     Iid,
     /// A fresh pseudo-random permutation per cycle, full batches only.
     Cyclic,
+    /// Like `Cyclic`, over a block-shuffled order (see the module documentation).
+    Block,
 }
 
 impl std::str::FromStr for Mode {
@@ -29,7 +36,8 @@ impl std::str::FromStr for Mode {
             "sequential" => Ok(Mode::Sequential),
             "iid" => Ok(Mode::Iid),
             "cyclic" => Ok(Mode::Cyclic),
-            other => Err(Error::invalid("mode", format!("'{other}' is not one of sequential, iid, cyclic"))),
+            "block" => Ok(Mode::Block),
+            other => Err(Error::invalid("mode", format!("'{other}' is not one of sequential, iid, cyclic, block"))),
         }
     }
 }
@@ -102,7 +110,15 @@ pub struct Sampler {
     seed: u64,
     step: u64,
     buf: Vec<u64>,
+    /// Block mode: records per block, blocks per shuffle window.
+    block: u64,
+    window: u64,
 }
+
+/// Block mode's default records per block (the Python `Sampler` default too).
+pub const DEFAULT_BLOCK: u64 = 64;
+/// Block mode's default blocks per shuffle window (the Python `Sampler` default too).
+pub const DEFAULT_WINDOW: u64 = 16;
 
 /// The largest batch a sampler draws: 2^24 ids (128 MiB of ids). Larger requests are typed
 /// errors rather than allocations that abort the process.
@@ -124,10 +140,45 @@ impl Sampler {
         if batch_size > MAX_BATCH_SIZE {
             return Err(Error::invalid("batch_size", format!("{batch_size} exceeds the largest batch a sampler draws ({MAX_BATCH_SIZE} ids)")));
         }
-        if mode == Mode::Cyclic && batch_size as u64 > n {
+        if matches!(mode, Mode::Cyclic | Mode::Block) && batch_size as u64 > n {
             return Err(Error::invalid("batch_size", format!("{batch_size} exceeds the {n} records of one cycle (cyclic mode draws without replacement)")));
         }
-        Ok(Sampler { n, batch_size, mode, seed, step: 0, buf: vec![0; batch_size] })
+        Ok(Sampler { n, batch_size, mode, seed, step: 0, buf: vec![0; batch_size], block: DEFAULT_BLOCK, window: DEFAULT_WINDOW })
+    }
+
+    /// Block mode's geometry: `block` records per block, `window` blocks per shuffle window
+    /// (both at least 1; `block * window` at most 2^40).
+    pub fn with_blocks(mut self, block: u64, window: u64) -> Result<Sampler> {
+        if block == 0 || window == 0 || block.checked_mul(window).is_none_or(|r| r > 1 << 40) {
+            return Err(Error::invalid("block", format!("block {block} x window {window}: each at least 1, their product at most 2^40")));
+        }
+        self.block = block;
+        self.window = window;
+        Ok(self)
+    }
+
+    /// Block mode's `(records per block, blocks per window)`.
+    pub fn blocks(&self) -> (u64, u64) {
+        (self.block, self.window)
+    }
+
+    /// Position `pos` of cycle `epoch`'s block-shuffled order.
+    fn block_order(&self, epoch: u64, pos: u64) -> u64 {
+        let b = self.block;
+        let full = self.n / b;
+        let key = hash3(self.seed, 0xB10C_B10C, epoch);
+        let body = full * b;
+        if pos >= body {
+            let tail = self.n - body;
+            return body + Permutation::new(tail, hash3(key, 0x7A11, 0)).apply(pos - body);
+        }
+        let span = self.window * b;
+        let (w, q) = (pos / span, pos % span);
+        let first = w * self.window;
+        let m = self.window.min(full - first) * b;
+        let q = Permutation::new(m, hash3(key, 0x3A11, w)).apply(q);
+        let blk = Permutation::new(full, key).apply(first + q / b);
+        blk * b + q % b
     }
 
     /// Records sampled from.
@@ -228,6 +279,13 @@ impl Sampler {
                     *o = perm.apply(j * b + k as u64);
                 }
             }
+            Mode::Block => {
+                let per_cycle = self.batches_per_cycle();
+                let (cycle, j) = (step / per_cycle, step % per_cycle);
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = self.block_order(cycle, j * b + k as u64);
+                }
+            }
         }
     }
 }
@@ -255,6 +313,11 @@ impl Sampler {
                     *o = perm.apply(start + k as u64);
                 }
             }
+            Mode::Block => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = self.block_order(epoch, start + k as u64);
+                }
+            }
             Mode::Iid => return Err(Error::invalid("mode", "iid sampling draws with replacement and has no epoch order")),
         }
         Ok(())
@@ -271,6 +334,40 @@ impl Iterator for Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_mode_is_a_permutation_of_few_blocks_per_window() {
+        for (n, block, window) in [(1000u64, 10u64, 4u64), (1003, 16, 3), (50, 64, 2), (7, 1, 1)] {
+            let s = Sampler::new(n, 1, Mode::Block, 3).unwrap().with_blocks(block, window).unwrap();
+            for epoch in 0..3 {
+                let mut order = vec![0u64; n as usize];
+                s.order(epoch, 0, &mut order).unwrap();
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n {n} block {block} window {window}");
+                // Every window of positions holds whole blocks, at most `window` of them.
+                let full = (n / block) * block;
+                for w in order[..full as usize].chunks((block * window) as usize) {
+                    let mut blocks: Vec<u64> = w.iter().map(|id| id / block).collect();
+                    blocks.sort_unstable();
+                    blocks.dedup();
+                    assert_eq!(blocks.len() as u64 * block, w.len() as u64);
+                }
+                assert!(order[full as usize..].iter().all(|&id| id >= full), "the partial block comes last");
+            }
+            let mut a = vec![0u64; n as usize];
+            let mut b = vec![0u64; n as usize];
+            s.order(0, 0, &mut a).unwrap();
+            s.order(1, 0, &mut b).unwrap();
+            assert!(n < 20 || a != b, "a fresh order per epoch");
+        }
+        let s = Sampler::new(1000, 10, Mode::Block, 1).unwrap().with_blocks(10, 4).unwrap();
+        let mut order = vec![0u64; 1000];
+        s.order(2, 0, &mut order).unwrap();
+        assert_eq!(s.batch(2 * 100 + 7), order[70..80].to_vec());
+        assert!(Sampler::new(10, 1, Mode::Block, 0).unwrap().with_blocks(0, 1).is_err());
+        assert!(Sampler::new(10, 1, Mode::Block, 0).unwrap().with_blocks(1 << 30, 1 << 30).is_err());
+    }
 
     #[test]
     fn epoch_order_matches_cyclic_batches_and_covers_every_id() {

@@ -28,6 +28,8 @@ pub enum PyMode {
     IID,
     /// A fresh permutation per cycle, full batches only.
     CYCLIC,
+    /// Cyclic over a block-shuffled order (blocks of contiguous records).
+    BLOCK,
 }
 
 pub(crate) fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
@@ -36,22 +38,24 @@ pub(crate) fn mode_arg(obj: &Bound<'_, PyAny>) -> PyResult<Mode> {
             PyMode::SEQUENTIAL => Mode::Sequential,
             PyMode::IID => Mode::Iid,
             PyMode::CYCLIC => Mode::Cyclic,
+            PyMode::BLOCK => Mode::Block,
         });
     }
     if let Ok(s) = obj.extract::<String>() {
         return s.parse().py_err();
     }
-    Err(PyTypeError::new_err("mode must be a Sampler.Mode or one of 'sequential', 'iid', 'cyclic'"))
+    Err(PyTypeError::new_err("mode must be a Sampler.Mode or one of 'sequential', 'iid', 'cyclic', 'block'"))
 }
 
 /// `(Sampler, (n, batch_size, mode, seed), step)`.
-type SamplerReduce<'py> = (Bound<'py, PyAny>, (u64, usize, &'static str, u64), u64);
+type SamplerReduce<'py> = (Bound<'py, PyAny>, (u64, usize, &'static str, u64, u64, u64), u64);
 
 pub(crate) fn mode_name(m: Mode) -> &'static str {
     match m {
         Mode::Sequential => "sequential",
         Mode::Iid => "iid",
         Mode::Cyclic => "cyclic",
+        Mode::Block => "block",
     }
 }
 
@@ -73,9 +77,9 @@ impl PySampler {
     }
 
     #[new]
-    #[pyo3(signature = (n, batch_size, mode, seed = 0))]
-    fn new(py: Python<'_>, n: u64, batch_size: usize, mode: &Bound<'_, PyAny>, seed: u64) -> PyResult<Self> {
-        let inner = Sampler::new(n, batch_size, mode_arg(mode)?, seed).py_err()?;
+    #[pyo3(signature = (n, batch_size, mode, seed = 0, block = 64, window = 16))]
+    fn new(py: Python<'_>, n: u64, batch_size: usize, mode: &Bound<'_, PyAny>, seed: u64, block: u64, window: u64) -> PyResult<Self> {
+        let inner = Sampler::new(n, batch_size, mode_arg(mode)?, seed).py_err()?.with_blocks(block, window).py_err()?;
         // The array views a bytearray: it does not own its data, so NumPy refuses to resize it
         // (even with refcheck=False), and the bytearray cannot be resized while the array
         // exports it. The address read here therefore stays valid for the sampler's life.
@@ -161,7 +165,8 @@ impl PySampler {
     /// Pickles as its parameters and current step.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<SamplerReduce<'py>> {
         let s = &slf.borrow().inner;
-        Ok((slf.get_type().into_any(), (s.len(), s.batch_size(), mode_name(s.mode()), s.seed()), s.step()))
+        let (block, window) = s.blocks();
+        Ok((slf.get_type().into_any(), (s.len(), s.batch_size(), mode_name(s.mode()), s.seed(), block, window), s.step()))
     }
 
     fn __setstate__(&mut self, step: u64) {

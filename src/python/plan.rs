@@ -449,7 +449,8 @@ impl PyMixture {
 }
 
 /// Sequence packing: the documents of a ragged token view (in the epoch order of `mode`,
-/// this rank's share) packed into `[rows, seq_len]` windows, first fit within a window of
+/// this rank's share), or of a `Mixture` (its records slot by slot, from its ragged stream
+/// `tokens`), packed into `[rows, seq_len]` windows, first fit within a window of
 /// `lookahead` documents; a document longer than `seq_len` is cut into whole rows and its rest
 /// waits (nothing is dropped). Each step gives `{"tokens", "position_ids", "document_ids",
 /// "cu_seqlens", "efficiency"}`: DLTensors `[rows, seq_len]` (tokens in the source dtype, padding
@@ -474,7 +475,7 @@ fn state_dict<'py>(py: Python<'py>, s: &PackState) -> PyResult<Bound<'py, PyDict
 #[pymethods]
 impl PyPacker {
     #[new]
-    #[pyo3(signature = (view, seq_len, rows = 1, mode = None, seed = 0, lookahead = 64, pad_id = 0, rank = 0, world_size = 1))]
+    #[pyo3(signature = (view, seq_len, rows = 1, mode = None, seed = 0, lookahead = 64, pad_id = 0, rank = 0, world_size = 1, tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         view: &Bound<'_, PyAny>,
@@ -486,13 +487,30 @@ impl PyPacker {
         pad_id: i64,
         rank: u64,
         world_size: u64,
+        tokens: Option<String>,
     ) -> PyResult<Self> {
-        let mode = match mode {
-            Some(m) => mode_arg(m)?,
-            None => crate::loader::Mode::Cyclic,
+        let options = PackOptions { rows, seq_len, lookahead, pad_id };
+        let inner = if let Ok(m) = view.cast::<PyMixture>() {
+            // A mixture's documents, slot by slot, from its token stream.
+            let m = m.get();
+            if mode.is_some() {
+                return Err(PyValueError::new_err("a mixture orders its documents itself: give mode and seed to the Mixture"));
+            }
+            let ragged: Vec<&(String, SourceView)> = m.streams.iter().filter(|(_, v)| matches!(v.source().layout(), crate::store::Layout::Ragged { .. })).collect();
+            let (_, v) = match (&tokens, ragged.as_slice()) {
+                (Some(t), _) => m.streams.iter().find(|(s, _)| s == t).ok_or_else(|| PyValueError::new_err(format!("the mixture has no stream '{t}'")))?,
+                (None, [one]) => *one,
+                (None, _) => return Err(PyValueError::new_err("give tokens=<stream name>: the mixture has several ragged streams (or none)")),
+            };
+            Packer::with_mixture(v.clone(), m.inner.clone(), rank, world_size, options).py_err()?
+        } else {
+            let mode = match mode {
+                Some(m) => mode_arg(m)?,
+                None => crate::loader::Mode::Cyclic,
+            };
+            let v = source_view_of(view, &Allocator::default(), true)?;
+            Packer::new(v, mode, seed, rank, world_size, options).py_err()?
         };
-        let v = source_view_of(view, &Allocator::default(), true)?;
-        let inner = Packer::new(v, mode, seed, rank, world_size, PackOptions { rows, seq_len, lookahead, pad_id }).py_err()?;
         Ok(PyPacker { inner: std::sync::Mutex::new(inner), real: Default::default(), total: Default::default() })
     }
 

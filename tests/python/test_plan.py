@@ -311,3 +311,45 @@ def test_packer_errors(tmp_path):
     for bad in ({"step": 0, "cursor": 0, "window": [[9, 0]]}, {"step": 0, "cursor": 0, "window": [[0, 99]]}, {"step": -1, "cursor": 0, "window": []}, {"cursor": 0}, [1]):
         with pytest.raises(ValueError):
             p.load_state_dict(bad)
+
+
+def test_block_mode_samples_whole_blocks_a_window_at_a_time():
+    s = zrecord.Sampler(1000, 40, "block", seed=2, block=10, window=4)
+    assert s.mode == "block" and s.batch_size == 40
+    order = s.epoch_order(0, 0, 1000)
+    assert sorted(order.tolist()) == list(range(1000))
+    for w in range(25):  # each window of 40 positions: 4 whole blocks, shuffled together
+        ids = order[w * 40:(w + 1) * 40]
+        blocks = np.unique(ids // 10)
+        assert len(blocks) == 4 and sorted(ids.tolist()) == sorted(i for b in blocks for i in range(b * 10, b * 10 + 10))
+    np.testing.assert_array_equal(s.batch(25 + 3), s.epoch_order(1, 120, 160))  # cycle 1, batch 3
+    assert not np.array_equal(order, s.epoch_order(1, 0, 1000))
+    import pickle
+
+    t = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(t.batch(7), s.batch(7))
+    with pytest.raises(ValueError):
+        zrecord.Sampler(100, 4, "block", block=0)
+    # The epoch plan, mixtures and packing take the mode too.
+    plan = zrecord.EpochPlan(1000, 40, "block", seed=2)
+    assert sorted(np.concatenate([plan.ids(0, t) for t in range(plan.batches)]).tolist()) == list(range(1000))
+
+
+def test_packing_a_mixture_follows_its_slots_exactly(tmp_path):
+    rng = np.random.default_rng(8)
+    a_docs = [rng.integers(1, 100, int(n), dtype=np.int32) for n in rng.integers(1, 40, 50)]
+    b_docs = [rng.integers(1000, 1100, int(n), dtype=np.int32) for n in rng.integers(30, 90, 20)]
+    for name, docs in (("a", a_docs), ("b", b_docs)):
+        with zrecord.RaggedWriter(tmp_path / name, np.int32, 1, "raw") as w:
+            w.append(zrecord.RaggedBatch.from_records(docs))
+    views = {k: zrecord.RaggedStore(tmp_path / k).bind(zrecord.Allocator()) for k in "ab"}
+    mix = zrecord.Mixture({"a": ({"tokens": views["a"]}, 3), "b": ({"tokens": views["b"]}, 1)}, batch_size=8, seed=2)
+    order = np.concatenate([mix.batch(s) for s in range(100)]).tolist()
+    want = reference_pack(a_docs + b_docs, order, rows=2, seq_len=64, lookahead=8, pad_id=0, steps=30)
+    packer = zrecord.Packer(mix, 64, rows=2, lookahead=8)
+    for tokens, pos, ids, cu in want:
+        b = next(packer)
+        np.testing.assert_array_equal(np.from_dlpack(b["tokens"]), tokens)
+        np.testing.assert_array_equal(np.from_dlpack(b["document_ids"]), ids)
+    with pytest.raises(ValueError):
+        zrecord.Packer(mix, 64, mode="cyclic")
