@@ -10,7 +10,10 @@ twice within the epoch's batches (IID repeats, permutations do not).
 Cold throughput: a raw store of 4 KiB records (`--records`), every batch gathered after the
 store's pages were evicted (`release_pages(evict=True)`), records/s per order, in one process.
 
-    python benches/python/block_shuffle.py [--records 100000] [--seconds 3]
+Remote (`--s3`): the same store on S3 (moto in server mode on loopback) read through a proxy that
+delays every request by `--latency-ms`: records/s and requests per batch per order.
+
+    python benches/python/block_shuffle.py [--records 100000] [--seconds 3] [--s3 --latency-ms 5]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -53,6 +57,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--s3", action="store_true", help="also measure the orders on S3 (moto) with injected latency")
+    ap.add_argument("--latency-ms", type=float, default=5.0)
     args = ap.parse_args()
     print(f"Randomness: {N} ids, batches of {B}")
     print("| order | blocks of 64 per batch | mean gap / n | corr(position, id) | repeated ids |")
@@ -80,6 +86,46 @@ def main():
             rate = B / sec
             base = base or rate
             print(f"| {name} | {rate:,.0f} | {rate / base:.2f}x |")
+        if args.s3:
+            remote(f"{tmp}/x", n, args)
+
+
+def remote(local, n, args):
+    """The orders over S3 (moto on loopback) through a proxy adding latency to every request."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python"))
+    from _servers import DelayProxy
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    proxy = DelayProxy(port, args.latency_ms / 1000)
+    s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket="bench")
+    for f in sorted(os.listdir(local)):
+        s3.upload_file(os.path.join(local, f), "bench", f"x/{f}")
+    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_region": "us-east-1", "allow_http": "true"}
+    zrecord.set_storage_options("s3://bench", dict(creds, aws_endpoint=f"http://127.0.0.1:{proxy.port}"))
+    view = zrecord.open("s3://bench/x").bind(zrecord.Allocator())
+    print(f"\nS3 (moto on loopback) + {args.latency_ms:g} ms per request, batches of {B}")
+    print("| order | records/s | x iid | requests/batch |")
+    print("|---|---:|---:|---:|")
+    base = None
+    for name, kw in ORDERS.items():
+        s = zrecord.Sampler(n, B, kw["mode"], seed=1, block=kw.get("block", 64), window=kw.get("window", 16))
+        view.gather(s.batch(0))
+        proxy.reset()
+        t0, k = time.perf_counter(), 0
+        while k < 4 or time.perf_counter() - t0 < args.seconds:
+            view.gather(s.batch(k + 1))
+            k += 1
+        rate = B * k / (time.perf_counter() - t0)
+        reqs, _ = proxy.reset()
+        base = base or rate
+        print(f"| {name} | {rate:,.0f} | {rate / base:.2f}x | {reqs / k:.1f} |")
+    server.stop()
 
 
 if __name__ == "__main__":

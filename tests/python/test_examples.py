@@ -61,3 +61,13 @@ losses = mod.train({str(tmp_path)!r}, steps=150)
 assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10]), losses
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
+
+
+def test_train_torch_packed_example_learns_and_resumes(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch")
+    losses, efficiency, resumed = _load("train_torch_packed").train(str(tmp_path), steps=120)
+    assert resumed is True and efficiency > 0.9
+    # From ~ln 64 towards ln 2 (two rules mixed 1:1, indistinguishable from one token).
+    assert np.mean(losses[-10:]) < 0.9 and np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
