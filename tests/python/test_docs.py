@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from _servers import zrec_bin
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -23,20 +24,6 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.is_symlink()) + [README]
 
 def blocks(page):
     return [(m.group(1), m.group(2)) for m in FENCE.finditer(page.read_text())]
-
-
-def zrec_bin():
-    """ZREC_BIN, else the wheel's `zrec` console script next to this interpreter, else the cargo
-    build's binary."""
-    b = os.environ.get("ZREC_BIN")
-    if b and os.path.exists(b):
-        return b
-    b = os.path.join(os.path.dirname(sys.executable), "zrec")
-    if os.path.exists(b):
-        return b
-    target = os.environ.get("CARGO_TARGET_DIR", str(ROOT / "target"))
-    b = os.path.join(target, "debug", "zrec")
-    return b if os.path.exists(b) else None
 
 
 def test_pages_found_and_fences_known():
@@ -58,7 +45,7 @@ def test_page_runs(page, tmp_path):
     runnable = [(lang, code) for lang, code in blocks(page) if lang in ("python", "sh")]
     if not runnable:
         pytest.skip("no runnable blocks")
-    zrec = zrec_bin()
+    zrec = None
     script = ["import subprocess"]
     for i, (lang, code) in enumerate(runnable):
         where = f"{page.relative_to(ROOT)} block {i + 1}"
@@ -67,7 +54,7 @@ def test_page_runs(page, tmp_path):
             script.append(code)
             continue
         if zrec is None:
-            pytest.skip("the zrec binary is not built (set ZREC_BIN)")
+            zrec = zrec_bin()  # the one the other tests run (skips when none is built)
         for line in code.strip().splitlines():
             argv = shlex.split(line, comments=True)
             if not argv:
