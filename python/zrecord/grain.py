@@ -11,6 +11,10 @@ worker processes reopen the stores.
 
 Grain's default batching stacks records, which fails for ragged streams (records of different
 shapes): :func:`ragged_batch` is the ``batch_fn`` that packs them instead.
+
+:class:`EpochSampler` is a Grain sampler over :class:`zrecord.EpochPlan` (the epoch arithmetic
+the PyTorch adapter and the JAX example use): each of Grain's data shards reads its deal's
+batches, epoch after epoch, and ``position_after`` resumes on another shard count.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 from . import _zrecord as _z
 from ._sources import streams_of, text_records
 
-__all__ = ["DataSource", "ragged_batch"]
+__all__ = ["DataSource", "EpochSampler", "ragged_batch"]
 
 
 def _records(batch: Any, logical: str) -> list:
@@ -111,3 +115,69 @@ def ragged_batch(elements: Sequence[Any], pad_value: Any = None) -> Any:
     if isinstance(first, dict):
         return {k: _batch([e[k] for e in elements], pad_value) for k in first}
     return _batch(list(elements), pad_value)
+
+
+class EpochSampler:
+    """A Grain ``Sampler`` whose order is a :class:`zrecord.EpochPlan` dealt to ``shard_count``
+    data shards (Grain's ``ShardOptions``: one shard per process): shard ``s`` reads its deal's
+    batches of ``batch_size`` records, one epoch after another, ``num_epochs`` epochs. Grain
+    gives every shard the same number of records, so the plan drops what does not fill a whole
+    round of full batches (``drop_last``: the partial batch and at most ``shard_count - 1``
+    batches per epoch, or per resumed epoch). With ``operations=[grain.transforms.Batch(
+    batch_size)]`` and in-order reading (``worker_count=0``) Grain's batches are the plan's.
+
+    ``position`` resumes from :meth:`position_after` of a run on any other shard count (elastic
+    resumption: no record twice, none skipped but for that last incomplete round). Grain's
+    ``_SamplerMapDataset`` asks shard ``s`` for global indices ``i * shard_count + s``; this
+    sampler answers them.
+    """
+
+    def __init__(
+        self,
+        num_records: int,
+        batch_size: int,
+        *,
+        shard_index: int = 0,
+        shard_count: int = 1,
+        mode: str = "cyclic",
+        seed: int = 0,
+        num_epochs: int = 1,
+        position: dict | None = None,
+    ) -> None:
+        if num_epochs < 1:
+            raise ValueError(f"num_epochs must be at least 1, got {num_epochs}")
+        if not 0 <= shard_index < shard_count:
+            raise ValueError(f"shard {shard_index} is not in 0..{shard_count}")
+        self.batch_size, self.shard_count, self.shard_index = int(batch_size), int(shard_count), int(shard_index)
+        self._plan = _z.EpochPlan(num_records, batch_size, mode, seed, drop_last=True)
+        self._deal = self._plan.deal(shard_count, 1, position)
+        self._streams = [self._deal.stream(s, 0) for s in range(shard_count)]
+        first, later = self._streams[0].first_len, self._streams[0].epoch_len
+        self.batches_per_shard = first + (num_epochs - 1) * later
+        self._len = self.batches_per_shard * self.batch_size * self.shard_count
+        self._cache: tuple[int, int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> Any:
+        from grain.python import RecordMetadata
+
+        if not 0 <= index < self._len:
+            raise IndexError(f"index {index} is outside the sampler's {self._len} records")
+        shard, i = index % self.shard_count, index // self.shard_count
+        step, j = divmod(i, self.batch_size)
+        if self._cache is None or self._cache[:2] != (shard, step):
+            self._cache = (shard, step, self._streams[shard].ids(step))
+        return RecordMetadata(index=index, record_key=int(self._cache[2][j]), rng=None)
+
+    def position_after(self, batches: int) -> dict:
+        """The position once every shard read ``batches`` of its batches: pass it as
+        ``position=`` to a sampler on any shard count (or to ``EpochPlan.deal``)."""
+        s = self._streams[0]
+        if batches < s.first_len:
+            return self._deal.position_after([int(batches)] * self.shard_count)
+        epoch = self._deal.epoch + 1 + (batches - s.first_len) // max(s.epoch_len, 1)
+        rest = (batches - s.first_len) % max(s.epoch_len, 1)
+        fresh = self._plan.deal(self.shard_count, 1, {"epoch": epoch, "done": 0, "extra": []})
+        return fresh.position_after([rest] * self.shard_count)

@@ -96,3 +96,40 @@ def test_ragged_batch_packs_pads_stacks_and_keeps_strings():
         ragged_batch([np.zeros(2), np.zeros((2, 2))])
     with pytest.raises(ValueError, match="no records"):
         ragged_batch([])
+
+
+def test_epoch_sampler_batches_are_the_plan_and_resume_on_another_shard_count(data):
+    grain = pytest.importorskip("grain")
+    from zrecord.grain import EpochSampler
+
+    root, img, _ = data
+    src = DataSource(root / "img.zrec")
+    ids_of = lambda batch: (np.asarray(batch)[:, 0, 0] // 4).tolist()  # record i's first byte is 4i
+    plan = zrecord.EpochPlan(N, 4, "cyclic", seed=5, drop_last=True)
+
+    def run(sampler, shard, steps=None):
+        loader = grain.DataLoader(data_source=src, sampler=sampler, operations=[grain.transforms.Batch(4)], worker_count=0,
+                                  shard_options=grain.sharding.ShardOptions(shard_index=shard, shard_count=sampler.shard_count))
+        it = iter(loader)
+        return [ids_of(next(it)) for _ in range(steps)] if steps is not None else [ids_of(b) for b in it]
+
+    # Two shards, 2 batches each, then the rest of epoch 0 on three shards.
+    seen = []
+    for shard in range(2):
+        s = EpochSampler(N, 4, shard_index=shard, shard_count=2, seed=5)
+        got = run(s, shard, 2)
+        assert got == [plan.deal(2, 1).ids(shard, 0, i).tolist() for i in range(2)]
+        seen += got
+    position = s.position_after(2)
+    assert position == {"epoch": 0, "done": 4, "extra": []}
+    for shard in range(3):
+        seen += run(EpochSampler(N, 4, shard_index=shard, shard_count=3, seed=5, position=position), shard)
+    # No batch twice, none skipped, except the incomplete last round: the 8 batches left are
+    # dealt to 3 shards as 2 full rounds (every shard reads as many), batches 10 and 11 drop.
+    assert sorted(seen) == sorted(plan.ids(0, t).tolist() for t in range(10))
+    many = EpochSampler(N, 4, seed=5, num_epochs=3)
+    assert len(many) == 3 * 12 * 4 and many.position_after(13) == {"epoch": 1, "done": 1, "extra": []}
+    with pytest.raises(IndexError):
+        many[len(many)]
+    with pytest.raises(ValueError):
+        EpochSampler(N, 4, shard_index=2, shard_count=2)
