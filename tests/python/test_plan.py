@@ -180,6 +180,15 @@ def test_a_mixture_holds_each_source_at_its_weight_in_every_window(tmp_path):
     for s in range(6):
         want = np.where(steps[s] < 500, steps[s] + 10_000, steps[s] - 500 + 20_000)
         np.testing.assert_array_equal(np.concatenate([got[0][s], got[1][s]]), want)
+    # A step number is the whole state: a new loader resumes at step 4 exactly.
+    with zrecord.Loader(mix.streams, mix, workers=2) as loader:
+        for _ in range(4):
+            next(loader)
+        state = loader.state_dict()
+    with zrecord.Loader(mix.streams, mix, workers=1) as again:
+        again.load_state_dict(state)
+        resumed = np.from_dlpack(next(again)[0]["x"])[:, 0]
+    np.testing.assert_array_equal(resumed, np.where(steps[4] < 500, steps[4] + 10_000, steps[4] - 500 + 20_000))
 
 
 def test_a_token_mixture_weighs_sources_by_tokens(tmp_path):
