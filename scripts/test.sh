@@ -13,7 +13,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 PYENV="$(mktemp -d "${TMPDIR:-/tmp}/zrecord-test-env.XXXXXX")"
 setsid bash scripts/python_env.sh "$PYENV" > "$PYENV/prepare.log" 2>&1 &
 PYENV_JOB=$!
-trap 'kill -- -$PYENV_JOB 2>/dev/null || kill $PYENV_JOB 2>/dev/null; wait $PYENV_JOB 2>/dev/null; rm -rf "$PYENV"' EXIT
+# `set +e` first: under `set -e` a failing cleanup command (kill of a job that already ended)
+# would replace the script's exit status with 1.
+trap 'set +e; kill -- -$PYENV_JOB 2>/dev/null; kill $PYENV_JOB 2>/dev/null; wait $PYENV_JOB 2>/dev/null; rm -rf "$PYENV"' EXIT
 
 echo "== cargo test (unit, integration, property, doc tests, sql/*.slt)"
 cargo test --locked
