@@ -75,8 +75,17 @@ pub struct Packed {
 struct Pending {
     doc: u64,
     offset: u64,
-    /// The document's tokens (all of them; `offset` of them placed).
-    bytes: Vec<u8>,
+    /// The gathered values holding the document (shared by the documents of one gather: no
+    /// per-document copy) and the document's byte range in them.
+    values: Tensor,
+    range: std::ops::Range<usize>,
+}
+
+impl Pending {
+    /// The document's tokens as bytes (all of them; `offset` of them placed).
+    fn bytes(&self) -> &[u8] {
+        &self.values.as_bytes()[self.range.clone()]
+    }
 }
 
 /// Where documents come from: one source's epoch order, or a mixture's record slots.
@@ -207,15 +216,18 @@ impl Packer {
             return Err(Error::invalid("source", "a ragged source returned a dense batch"));
         };
         let cu = b.cu_seqlens_slice();
-        let values = b.values().as_bytes();
+        let values = b.values();
+        let nbytes = values.as_bytes().len();
         let mut out = Vec::with_capacity(docs.len());
         for (k, (&doc, &offset)) in docs.iter().zip(offsets).enumerate() {
             let (a, z) = (cu[k] as usize * self.itemsize, cu[k + 1] as usize * self.itemsize);
-            let bytes = values.get(a..z).ok_or_else(|| Error::invalid("source", format!("document {doc}: offsets outside its batch")))?.to_vec();
-            if offset > (bytes.len() / self.itemsize) as u64 {
-                return Err(Error::invalid("state", format!("document {doc} has {} tokens, the state says {offset} were placed", bytes.len() / self.itemsize)));
+            if a > z || z > nbytes {
+                return Err(Error::invalid("source", format!("document {doc}: offsets outside its batch")));
             }
-            out.push(Pending { doc, offset, bytes });
+            if offset > ((z - a) / self.itemsize) as u64 {
+                return Err(Error::invalid("state", format!("document {doc} has {} tokens, the state says {offset} were placed", (z - a) / self.itemsize)));
+            }
+            out.push(Pending { doc, offset, values: values.clone(), range: a..z });
         }
         Ok(out)
     }
@@ -252,7 +264,7 @@ impl Packer {
         let mut used = vec![0usize; rows];
         let mut segments: Vec<Vec<(usize, u64, usize)>> = vec![Vec::new(); rows];
         for (w, p) in window.iter().enumerate() {
-            let total = (p.bytes.len() / is) as u64;
+            let total = (p.range.len() / is) as u64;
             while offsets[w] < total {
                 let rem = (total - offsets[w]) as usize;
                 let row = if rem <= seq_len { (0..rows).find(|&r| seq_len - used[r] >= rem) } else { (0..rows).find(|&r| used[r] == 0) };
@@ -280,7 +292,7 @@ impl Packer {
             let mut at = r * seq_len;
             for &(w, start, len) in segs {
                 let p = &window[w];
-                let src = &p.bytes[start as usize * is..(start as usize + len) * is];
+                let src = &p.bytes()[start as usize * is..(start as usize + len) * is];
                 tokens[at * is..(at + len) * is].copy_from_slice(src);
                 for (k, pos) in position_ids[at..at + len].iter_mut().enumerate() {
                     *pos = (start + k as u64) as i64;
@@ -302,7 +314,7 @@ impl Packer {
             .zip(offsets)
             .filter_map(|(mut p, o)| {
                 p.offset = o;
-                (o < (p.bytes.len() / is) as u64).then_some(p)
+                (o < (p.range.len() / is) as u64).then_some(p)
             })
             .collect();
         self.cursor += need as u64;

@@ -14,6 +14,16 @@ use crate::python::memory::{PyAllocator, PyDLTensor};
 use crate::python::source::{source_view_of, PySourceView};
 use crate::store::{Batch, ConcatSource, Ids, SourceView};
 
+/// `mode` as given, cyclic by default.
+fn mode_or_cyclic(mode: Option<&Bound<'_, PyAny>>) -> PyResult<crate::loader::Mode> {
+    mode.map(mode_arg).transpose().map(|m| m.unwrap_or(crate::loader::Mode::Cyclic))
+}
+
+/// Ids as a new NumPy uint64 array.
+fn ids_array(py: Python<'_>, ids: Vec<u64>) -> PyResult<Bound<'_, PyAny>> {
+    py.import("numpy")?.call_method1("array", (ids, "uint64"))
+}
+
 /// A position as Python sees it: `{"epoch": int, "done": int, "extra": [int, ...]}`.
 pub(crate) fn position_dict<'py>(py: Python<'py>, p: &Position) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -55,10 +65,7 @@ impl PyEpochPlan {
     #[new]
     #[pyo3(signature = (n, batch_size, mode = None, seed = 0, drop_last = false))]
     fn new(n: u64, batch_size: usize, mode: Option<&Bound<'_, PyAny>>, seed: u64, drop_last: bool) -> PyResult<Self> {
-        let mode = match mode {
-            Some(m) => mode_arg(m)?,
-            None => crate::loader::Mode::Cyclic,
-        };
+        let mode = mode_or_cyclic(mode)?;
         Ok(PyEpochPlan { inner: EpochPlan::new(n, batch_size, mode, seed, drop_last).py_err()? })
     }
 
@@ -83,7 +90,7 @@ impl PyEpochPlan {
         self.inner.drop_last()
     }
 
-    /// "sequential", "iid" or "cyclic".
+    /// "sequential", "iid", "cyclic" or "block".
     #[getter]
     fn mode(&self) -> &'static str {
         crate::python::loader::mode_name(self.inner.mode())
@@ -93,7 +100,7 @@ impl PyEpochPlan {
     fn ids<'py>(&self, py: Python<'py>, epoch: u64, t: u64) -> PyResult<Bound<'py, PyAny>> {
         let mut out = Vec::new();
         self.inner.fill(epoch, t, &mut out).py_err()?;
-        py.import("numpy")?.call_method1("array", (out, "uint64"))
+        ids_array(py, out)
     }
 
     /// Deal the batches `position` has not consumed (default: all of epoch 0) to
@@ -172,7 +179,7 @@ impl PyDeal {
     fn ids<'py>(&self, py: Python<'py>, rank: u64, worker: u64, i: u64) -> PyResult<Bound<'py, PyAny>> {
         let mut out = Vec::new();
         self.inner.fill(rank, worker, i, &mut out).py_err()?;
-        py.import("numpy")?.call_method1("array", (out, "uint64"))
+        ids_array(py, out)
     }
 
     /// The position once rank `r` consumed `consumed[r]` batches (each rank's loader takes its
@@ -225,7 +232,7 @@ impl PyShardStream {
     fn ids<'py>(&self, py: Python<'py>, k: u64) -> PyResult<Bound<'py, PyAny>> {
         let mut out = Vec::new();
         self.inner.fill(k, &mut out).py_err()?;
-        py.import("numpy")?.call_method1("array", (out, "uint64"))
+        ids_array(py, out)
     }
 }
 
@@ -299,10 +306,7 @@ impl PyMixture {
         tokens: Option<String>,
         allocator: Option<&PyAllocator>,
     ) -> PyResult<Self> {
-        let mode = match mode {
-            Some(m) => mode_arg(m)?,
-            None => crate::loader::Mode::Cyclic,
-        };
+        let mode = mode_or_cyclic(mode)?;
         if by != "records" && by != "tokens" {
             return Err(PyValueError::new_err(format!("by must be 'records' or 'tokens', got '{by}'")));
         }
@@ -400,7 +404,7 @@ impl PyMixture {
     fn batch<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyAny>> {
         let mut out = Vec::new();
         self.inner.fill(step, &mut out).py_err()?;
-        py.import("numpy")?.call_method1("array", (out, "uint64"))
+        ids_array(py, out)
     }
 
     /// `{source: epoch}` at step `step` (before it is drawn).
@@ -504,10 +508,7 @@ impl PyPacker {
             };
             Packer::with_mixture(v.clone(), m.inner.clone(), rank, world_size, options).py_err()?
         } else {
-            let mode = match mode {
-                Some(m) => mode_arg(m)?,
-                None => crate::loader::Mode::Cyclic,
-            };
+            let mode = mode_or_cyclic(mode)?;
             let v = source_view_of(view, &Allocator::default(), true)?;
             Packer::new(v, mode, seed, rank, world_size, options).py_err()?
         };
