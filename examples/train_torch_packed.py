@@ -1,11 +1,16 @@
 """Pretraining-style input: two token datasets mixed 1:1 by tokens, packed into [rows, seq_len]
-windows, a small next-token model trained on them in PyTorch, and an exact resume.
+windows, a small next-token model trained on them in PyTorch (data parallel: every step trains on
+one batch per rank), checkpointed half-way and resumed on another number of ranks.
 
 Each dataset follows its own rule (dataset A: the next token is t + 1, dataset B: t + 2, modulo
 the vocabulary); the loss masks every position whose next token is padding or starts another
 document (`document_ids`), so a bigram model's loss falls from ln 64 towards ln 2 (it cannot
-tell the datasets apart from one token, and they are mixed 1:1 by tokens). Half-way the packer's state (cursor and window) is checkpointed; a new packer
-restored from it yields exactly the batches the first would have.
+tell the datasets apart from one token, and they are mixed 1:1 by tokens). Half-way every
+rank's packer state (stream cursor and window) is checkpointed. Restored on the same 2 ranks,
+each rank yields exactly the batches it would have; the run itself goes on with 3 ranks from
+the same checkpoint (`load_state_dict(every rank's state)`): the documents the 2 ranks had pulled
+but not placed are dealt to the 3, and the stream continues where neither had reached, so no
+token is trained on twice or skipped across the change.
 
     python examples/train_torch_packed.py [WORKDIR]
 """
@@ -34,9 +39,9 @@ def make_dataset(path, n_docs, step, lengths, seed):
     return zrecord.open(path).bind(zrecord.Allocator())
 
 
-def make_packer(a, b, seq_len, rows):
+def make_packer(a, b, seq_len, rows, rank=0, world_size=1):
     mix = zrecord.Mixture({"a": ({"tokens": a}, 1.0), "b": ({"tokens": b}, 1.0)}, batch_size=16, seed=3, by="tokens")
-    return zrecord.Packer(mix, seq_len, rows=rows, lookahead=32, pad_id=0)
+    return zrecord.Packer(mix, seq_len, rows=rows, lookahead=32, pad_id=0, rank=rank, world_size=world_size)
 
 
 def loss_of(model, batch):
@@ -55,30 +60,39 @@ def train(root, steps=120, seq_len=64, rows=8):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 32), torch.nn.Linear(32, VOCAB))
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    packer = make_packer(a, b, seq_len, rows)
-    losses, resumed = [], False
+    packers = [make_packer(a, b, seq_len, rows, rank, 2) for rank in range(2)]
+    losses, real, cells = [], 0, 0
     for step in range(steps):
         if step == steps // 2:
-            state = packer.state_dict()  # saved with the model in a real run
-            restored = make_packer(a, b, seq_len, rows)
-            restored.load_state_dict(state)
-            ahead = [torch.from_dlpack(next(restored)["tokens"]).clone() for _ in range(3)]
-        batch = next(packer)
-        if steps // 2 <= step < steps // 2 + 3:
-            resumed = torch.equal(ahead[step - steps // 2], torch.from_dlpack(batch["tokens"]))
-            assert resumed, "the restored packer must yield the same batches"
-        loss = loss_of(model, batch)
+            states = [p.state_dict() for p in packers]  # saved with the model in a real run
+            # The same 2 ranks, each from its own state: exactly the batches they would yield.
+            again = [make_packer(a, b, seq_len, rows, rank, 2) for rank in range(2)]
+            for p, state in zip(again, states):
+                p.load_state_dict(state)
+            for p, q in zip(packers, again):
+                ahead = [torch.from_dlpack(next(p)["tokens"]).clone() for _ in range(3)]
+                assert all(torch.equal(t, torch.from_dlpack(next(q)["tokens"])) for t in ahead), "exact resume"
+            # The run goes on with 3 ranks from the same checkpoint (elastic resumption).
+            packers = [make_packer(a, b, seq_len, rows, rank, 3) for rank in range(3)]
+            for p in packers:
+                p.load_state_dict(states)
+        batches = [next(p) for p in packers]  # one global step: a batch per rank
+        loss = sum(loss_of(model, batch) for batch in batches) / len(batches)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, packer.efficiency, resumed
+        for batch in batches:
+            docs = torch.from_dlpack(batch["document_ids"])
+            real, cells = real + int((docs >= 0).sum()), cells + docs.numel()
+    return losses, real / cells, len(packers)
 
 
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="zrecord-packed-")
-    losses, efficiency, resumed = train(root)
-    print(f"loss {np.mean(losses[:10]):.3f} -> {np.mean(losses[-10:]):.3f}, packing efficiency {efficiency:.3f}, resumed exactly: {resumed}")
+    losses, efficiency, ranks = train(root)
+    print(f"loss {np.mean(losses[:10]):.3f} -> {np.mean(losses[-10:]):.3f}, packing efficiency {efficiency:.3f}, "
+          f"resumed exactly on 2 ranks, then trained on {ranks}")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,20 @@ store's pages were evicted (`release_pages(evict=True)`), records/s per order, i
 Remote (`--s3`): the same store on S3 (moto in server mode on loopback) read through a proxy that
 delays every request by `--latency-ms`: records/s and requests per batch per order.
 
+MosaicML Streaming's shuffles (`pip install mosaicml-streaming`; only its NumPy shuffle code is
+used, so `--no-deps` suffices) are measured on the same data when installed: its default `py1e`
+and `py1br` over shards of 16384 records (its default 64 MiB shard size at 4 KiB records) with its
+default shuffle block of 2^18 samples, one canonical node, their ids driving the same reader.
+Streaming itself downloads whole shards to a local cache, so its orders are built for shard
+downloads, not range reads: the tables show what they cost a reader that fetches records.
+
     python benches/python/block_shuffle.py [--records 100000] [--seconds 3] [--s3 --latency-ms 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -41,8 +49,62 @@ ORDERS = {
 }
 
 
-def randomness(kw, n=N, batches=2000):
-    s = zrecord.Sampler(n, B, kw["mode"], seed=1, block=kw.get("block", 64), window=kw.get("window", 16))
+MOSAIC_SHARD = 16384
+
+
+@functools.cache
+def mosaic_get_shuffle():
+    """MosaicML Streaming's `get_shuffle`, without importing the rest of its package."""
+    import importlib.util
+    import types
+
+    try:
+        spec = importlib.util.find_spec("streaming")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    for name, path in (("streaming", root), ("streaming.base", os.path.join(root, "base"))):
+        if name not in sys.modules:
+            mod = types.ModuleType(name)
+            mod.__path__ = [path]
+            sys.modules[name] = mod
+    try:
+        from streaming.base.shuffle import get_shuffle
+    except ImportError:
+        return None
+    return get_shuffle
+
+
+class MosaicOrder:
+    """An epoch of MosaicML Streaming's shuffle, read as batches of B."""
+
+    def __init__(self, algo, n, get_shuffle):
+        sizes = np.full(n // MOSAIC_SHARD, MOSAIC_SHARD, np.int64)
+        if n % MOSAIC_SHARD:
+            sizes = np.append(sizes, n % MOSAIC_SHARD)
+        self.ids = np.asarray(get_shuffle(algo, sizes, 1, 1, 0, 1 << 18), np.uint64)
+
+    def batch(self, k):
+        k %= len(self.ids) // B
+        return self.ids[k * B:(k + 1) * B]
+
+
+def orders():
+    """Every order measured: zrecord's sampler modes, then MosaicML's shuffles if installed."""
+    out = {name: (lambda n, kw=kw: zrecord.Sampler(n, B, kw["mode"], seed=1, block=kw.get("block", 64), window=kw.get("window", 16))) for name, kw in ORDERS.items()}
+    get_shuffle = mosaic_get_shuffle()
+    if get_shuffle is None:
+        print("(MosaicML Streaming is not installed: its shuffles are not measured)")
+    else:
+        for algo in ("py1e", "py1br"):
+            out[f"MosaicML {algo} (shards of {MOSAIC_SHARD}, block 2^18)"] = lambda n, a=algo: MosaicOrder(a, n, get_shuffle)
+    return out
+
+
+def randomness(make, n=N, batches=2000):
+    s = make(n)
     ids = np.concatenate([s.batch(k) for k in range(batches)]).astype(np.int64)
     per_batch = ids.reshape(batches, B)
     blocks = np.mean([len(np.unique(b // 64)) for b in per_batch])
@@ -61,10 +123,11 @@ def main():
     ap.add_argument("--latency-ms", type=float, default=5.0)
     args = ap.parse_args()
     print(f"Randomness: {N} ids, batches of {B}")
+    every = orders()
     print("| order | blocks of 64 per batch | mean gap / n | corr(position, id) | repeated ids |")
     print("|---|---:|---:|---:|---:|")
-    for name, kw in ORDERS.items():
-        blocks, gap, corr, rep = randomness(kw)
+    for name, make in every.items():
+        blocks, gap, corr, rep = randomness(make)
         print(f"| {name} | {blocks:.1f} | {gap:.3f} | {corr:.4f} | {rep:.3%} |")
 
     n = args.records
@@ -79,18 +142,18 @@ def main():
         print("| order | records/s | x iid |")
         print("|---|---:|---:|")
         base = None
-        for name, kw in ORDERS.items():
-            s = zrecord.Sampler(n, B, kw["mode"], seed=1, block=kw.get("block", 64), window=kw.get("window", 16))
+        for name, make in every.items():
+            s = make(n)
             batches = [s.batch(k) for k in range(64)]
             sec = measure_cold(lambda ids: view.gather(ids), lambda: store.release_pages(evict=True), batches, args.seconds)
             rate = B / sec
             base = base or rate
             print(f"| {name} | {rate:,.0f} | {rate / base:.2f}x |")
         if args.s3:
-            remote(f"{tmp}/x", n, args)
+            remote(f"{tmp}/x", n, args, every)
 
 
-def remote(local, n, args):
+def remote(local, n, args, every):
     """The orders over S3 (moto on loopback) through a proxy adding latency to every request."""
     import boto3
     from moto.server import ThreadedMotoServer
@@ -113,8 +176,8 @@ def remote(local, n, args):
     print("| order | records/s | x iid | requests/batch |")
     print("|---|---:|---:|---:|")
     base = None
-    for name, kw in ORDERS.items():
-        s = zrecord.Sampler(n, B, kw["mode"], seed=1, block=kw.get("block", 64), window=kw.get("window", 16))
+    for name, make in every.items():
+        s = make(n)
         view.gather(s.batch(0))
         proxy.reset()
         t0, k = time.perf_counter(), 0

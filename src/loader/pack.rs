@@ -46,14 +46,31 @@ pub struct PackOptions {
 }
 
 /// The resumable state of a packer: documents pulled from this rank's stream and the window.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// This rank's stream is the global document positions `base + j * world_size + rank`, `j =
+/// 0, 1, ...`; `cursor` of them were pulled. `base` is 0 until the states of a run are dealt to
+/// another world size ([`Packer::reshard`]): then every position below `base` was pulled by the
+/// old ranks and what they had not placed is in the new ranks' windows.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackState {
     /// Steps produced.
     pub step: u64,
+    /// The global position where this rank's stream starts.
+    pub base: u64,
     /// Documents pulled from this rank's stream.
     pub cursor: u64,
     /// The window: (document id, tokens of it already placed), in order.
     pub window: Vec<(u64, u64)>,
+    /// The rank this state belongs to.
+    pub rank: u64,
+    /// The number of ranks of the run.
+    pub world_size: u64,
+}
+
+impl Default for PackState {
+    fn default() -> Self {
+        PackState { step: 0, base: 0, cursor: 0, window: Vec::new(), rank: 0, world_size: 1 }
+    }
 }
 
 /// One packed batch.
@@ -107,6 +124,7 @@ pub struct Packer {
     itemsize: usize,
     pad: Vec<u8>,
     allocator: Allocator,
+    base: u64,
     cursor: u64,
     step: u64,
     window: VecDeque<Pending>,
@@ -155,7 +173,7 @@ impl Packer {
         let order = DocOrder::Sampler(Sampler::new(n, 1, mode, seed)?);
         let itemsize = src.dtype().size();
         let allocator = view.allocator().clone();
-        Ok(Packer { view, order, n, rank, world_size, options, itemsize, pad, allocator, cursor: 0, step: 0, window: VecDeque::new() })
+        Ok(Packer { view, order, n, rank, world_size, options, itemsize, pad, allocator, base: 0, cursor: 0, step: 0, window: VecDeque::new() })
     }
 
     /// A packer whose documents are `mixture`'s records, one slot after another (this rank's
@@ -180,19 +198,29 @@ impl Packer {
         self.options
     }
 
+    /// The global position of this rank's stream position `j`.
+    fn position(&self, j: u64) -> Result<u64> {
+        let pos = self.base as u128 + j as u128 * self.world_size as u128 + self.rank as u128;
+        u64::try_from(pos).map_err(|_| Error::invalid("state", format!("stream position {j} of rank {} overflows", self.rank)))
+    }
+
+    /// The document at global position `pos` of the document stream.
+    fn doc_at_position(&self, pos: u64) -> Result<u64> {
+        match &self.order {
+            DocOrder::Sampler(s) => Ok(s.batch(pos)[0]),
+            DocOrder::Mixture(m) => m.slot_id(pos as u128),
+        }
+    }
+
     /// This rank's stream position `j` as a document id.
     fn doc_at(&self, j: u64) -> Result<u64> {
-        let pos = j as u128 * self.world_size as u128 + self.rank as u128;
-        match &self.order {
-            DocOrder::Sampler(s) => Ok(s.batch(pos as u64)[0]),
-            DocOrder::Mixture(m) => m.slot_id(pos),
-        }
+        self.doc_at_position(self.position(j)?)
     }
 
     /// The epoch of the document stream (this rank's next document); for a mixture, the
     /// lowest epoch of its sources.
     pub fn epoch(&self) -> u64 {
-        let pos = self.cursor.saturating_mul(self.world_size).saturating_add(self.rank);
+        let pos = self.position(self.cursor).unwrap_or(u64::MAX);
         match &self.order {
             DocOrder::Sampler(_) => pos / self.n,
             DocOrder::Mixture(m) => {
@@ -204,7 +232,87 @@ impl Packer {
 
     /// The state after the last step.
     pub fn state(&self) -> PackState {
-        PackState { step: self.step, cursor: self.cursor, window: self.window.iter().map(|p| (p.doc, p.offset)).collect() }
+        PackState {
+            step: self.step,
+            base: self.base,
+            cursor: self.cursor,
+            window: self.window.iter().map(|p| (p.doc, p.offset)).collect(),
+            rank: self.rank,
+            world_size: self.world_size,
+        }
+    }
+
+    /// Deal the states of every rank of a run (`states`, one per rank, any order) to
+    /// `world_size` new ranks: elastic resumption. The old ranks pulled their streams to
+    /// different depths; the new streams start at the first global position no old rank
+    /// reached. Old rank `r`'s window (partly placed documents at their offsets) goes to new
+    /// rank `r % world_size`, and every position below that start that a slower rank had not
+    /// pulled yet goes, in stream order, to the new rank holding the fewest documents. So
+    /// across the change no token is packed twice and none is skipped, and with the same world
+    /// size and equal cursors every rank continues exactly as it would have.
+    /// The states must come from packers over the same documents, order and options as this one.
+    pub fn reshard(&self, states: &[PackState], world_size: u64) -> Result<Vec<PackState>> {
+        let old = states.len() as u64;
+        if old == 0 {
+            return Err(Error::invalid("states", "no states to resume from"));
+        }
+        if world_size == 0 || world_size > u32::MAX as u64 {
+            return Err(Error::invalid("world_size", format!("{world_size} is not in 1..=2^32-1")));
+        }
+        let mut by_rank: Vec<Option<&PackState>> = vec![None; states.len()];
+        for st in states {
+            if st.world_size != old {
+                return Err(Error::invalid("states", format!("{old} states were given, one says its run had {} ranks", st.world_size)));
+            }
+            if st.base != states[0].base {
+                return Err(Error::invalid("states", format!("the states start at different positions ({} and {})", st.base, states[0].base)));
+            }
+            let slot = by_rank.get_mut(st.rank as usize).ok_or_else(|| Error::invalid("states", format!("rank {} is not in 0..{old}", st.rank)))?;
+            if slot.replace(st).is_some() {
+                return Err(Error::invalid("states", format!("two states of rank {}", st.rank)));
+            }
+        }
+        let ranks: Vec<&PackState> = by_rank.into_iter().flatten().collect();
+        let base = states[0].base as u128;
+        // The first position no old rank pulled; positions below it that were not pulled are holes.
+        let end = |r: &PackState| base + r.cursor as u128 * old as u128 + r.rank as u128;
+        let frontier = ranks.iter().filter(|r| r.cursor > 0).map(|r| end(r) - old as u128 + 1).max().unwrap_or(base);
+        let frontier = u64::try_from(frontier).map_err(|_| Error::invalid("states", "the stream positions overflow"))?;
+        let holes: u128 = ranks.iter().map(|r| (frontier as u128).saturating_sub(end(r)).div_ceil(old as u128)).sum();
+        let carried = holes + ranks.iter().map(|r| r.window.len() as u128).sum::<u128>();
+        if carried > MAX_LOOKAHEAD as u128 * world_size as u128 {
+            return Err(Error::invalid(
+                "states",
+                format!("{carried} documents would be carried over to {world_size} ranks (more than {MAX_LOOKAHEAD} each): the ranks' cursors are too far apart"),
+            ));
+        }
+        // Old rank r's window goes to new rank r % world_size (the same world size and equal
+        // cursors continue every rank as if nothing happened); each hole, in stream order, to
+        // the new rank holding the fewest documents.
+        let mut windows: Vec<Vec<(u64, u64)>> = vec![Vec::new(); world_size as usize];
+        for r in &ranks {
+            windows[(r.rank % world_size) as usize].extend_from_slice(&r.window);
+        }
+        let mut hole_positions: Vec<u64> = Vec::with_capacity(holes as usize);
+        for r in &ranks {
+            let mut p = end(r);
+            while p < frontier as u128 {
+                hole_positions.push(p as u64);
+                p += old as u128;
+            }
+        }
+        hole_positions.sort_unstable();
+        for p in hole_positions {
+            let doc = self.doc_at_position(p)?;
+            let fewest = (0..windows.len()).min_by_key(|&k| windows[k].len()).unwrap_or(0);
+            windows[fewest].push((doc, 0));
+        }
+        let step = ranks.iter().map(|r| r.step).max().unwrap_or(0);
+        Ok(windows
+            .into_iter()
+            .enumerate()
+            .map(|(r, window)| PackState { step, base: frontier, cursor: 0, window, rank: r as u64, world_size })
+            .collect())
     }
 
     /// Gather `docs` (one read) as pending documents placed up to `offsets`.
@@ -233,9 +341,22 @@ impl Packer {
     }
 
     /// Resume from `state` (checked: a state is untrusted input).
+    /// The state must be this rank's (`rank`, `world_size`); [`Packer::restore_elastic`]
+    /// resumes from the states of a run on another world size.
     pub fn restore(&mut self, state: &PackState) -> Result<()> {
-        if state.window.len() > self.options.lookahead {
-            return Err(Error::invalid("state", format!("a window of {} documents exceeds the lookahead of {}", state.window.len(), self.options.lookahead)));
+        if (state.rank, state.world_size) != (self.rank, self.world_size) {
+            return Err(Error::invalid(
+                "state",
+                format!(
+                    "the state is rank {}'s of {}, this packer is rank {} of {}: resume from every rank's state (restore_elastic / load_state_dict(list))",
+                    state.rank, state.world_size, self.rank, self.world_size
+                ),
+            ));
+        }
+        // A window longer than the lookahead comes from a reshard (it drains before the stream
+        // is read again).
+        if state.window.len() > MAX_LOOKAHEAD {
+            return Err(Error::invalid("state", format!("a window of {} documents exceeds {MAX_LOOKAHEAD}", state.window.len())));
         }
         if let Some(&(d, _)) = state.window.iter().find(|(d, _)| *d >= self.n) {
             return Err(Error::invalid("state", format!("document {d} is outside the {} of the source", self.n)));
@@ -243,10 +364,22 @@ impl Packer {
         let docs: Vec<u64> = state.window.iter().map(|&(d, _)| d).collect();
         let offsets: Vec<u64> = state.window.iter().map(|&(_, o)| o).collect();
         let window = self.read(&docs, &offsets)?;
+        if state.base as u128 + state.cursor as u128 * self.world_size as u128 + self.rank as u128 > u64::MAX as u128 {
+            return Err(Error::invalid("state", format!("stream position {} past {} overflows", state.cursor, state.base)));
+        }
+        self.base = state.base;
         self.window = window.into();
         self.cursor = state.cursor;
         self.step = state.step;
         Ok(())
+    }
+
+    /// Resume from the states of every rank of a run, on this packer's world size (the same
+    /// or another): [`Packer::reshard`], then this rank's part.
+    pub fn restore_elastic(&mut self, states: &[PackState]) -> Result<()> {
+        let mut mine = self.reshard(states, self.world_size)?;
+        let st = mine.swap_remove(self.rank as usize);
+        self.restore(&st)
     }
 
     /// Pack the next batch.
@@ -413,7 +546,7 @@ mod tests {
         assert_eq!(&b.document_ids[..8], &[0, 0, 0, 0, 0, 1, 1, 1]);
         assert_eq!(&b.document_ids[8..], &[2; 8]);
         assert_eq!(b.cu_seqlens, vec![0, 5, 8, 16]);
-        assert_eq!(q.state(), PackState { step: 1, cursor: 4, window: vec![(2, 8), (3, 0)] });
+        assert_eq!(q.state(), PackState { step: 1, cursor: 4, window: vec![(2, 8), (3, 0)], ..Default::default() });
         let b = q.next_batch().unwrap();
         // Window [2:8.., 3, 4, 5(empty), 6, 7] topped up to 4 entries: [2, 3, 4, 5].
         assert_eq!(&b.document_ids[..3], &[2, 3, 3]);
@@ -449,8 +582,114 @@ mod tests {
         }
         assert!(Packer::new(view(), Mode::Cyclic, 0, 1, 1, o).is_err());
         let mut p = Packer::new(view(), Mode::Cyclic, 0, 0, 1, o).unwrap();
-        assert!(p.restore(&PackState { step: 0, cursor: 0, window: vec![(5, 0)] }).is_err());
-        assert!(p.restore(&PackState { step: 0, cursor: 0, window: vec![(0, 4)] }).is_err());
-        assert!(p.restore(&PackState { step: 0, cursor: 0, window: vec![(0, 0); 5] }).is_err());
+        for bad in [
+            PackState { window: vec![(5, 0)], ..Default::default() },
+            PackState { window: vec![(0, 4)], ..Default::default() },
+            PackState { window: vec![(0, 0); MAX_LOOKAHEAD + 1], ..Default::default() },
+            PackState { rank: 1, world_size: 2, ..Default::default() },
+            PackState { base: u64::MAX, cursor: 1, ..Default::default() },
+        ] {
+            assert!(matches!(p.restore(&bad), Err(Error::InvalidArgument { .. })), "{bad:?}");
+        }
+        assert_eq!(p.state(), PackState::default(), "a refused state changes nothing");
+        // Elastic: one state per rank, from one run, not too far apart.
+        let st = |rank, world_size, cursor| PackState { rank, world_size, cursor, ..Default::default() };
+        for bad in [
+            vec![],
+            vec![st(0, 2, 0)],
+            vec![st(0, 2, 0), st(0, 2, 0)],
+            vec![st(0, 2, 0), st(2, 2, 0)],
+            vec![st(0, 2, 0), PackState { base: 4, ..st(1, 2, 0) }],
+            vec![st(0, 2, 0), st(1, 2, 1 << 40)],
+        ] {
+            assert!(matches!(p.restore_elastic(&bad), Err(Error::InvalidArgument { .. })), "{bad:?}");
+        }
+        assert!(p.reshard(&[st(0, 1, 3)], 0).is_err());
+    }
+
+    /// Every token of the documents at `positions` of the global stream, as (doc, offset).
+    fn all_tokens(p: &Packer, lens: &[usize], positions: impl Iterator<Item = u64>) -> Vec<(i64, i64)> {
+        positions
+            .flat_map(|g| {
+                let d = p.doc_at_position(g).unwrap();
+                (0..lens[d as usize] as i64).map(move |k| (d as i64, k))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn elastic_resumption_packs_every_token_once_across_world_size_changes() {
+        // 2 ranks for k steps, then 3 ranks, then 1 (and other paths): the tokens placed by
+        // every rank of every phase plus what waits in the last windows are exactly the tokens
+        // of the documents pulled from the global stream, each once.
+        let mut seed = 11u64;
+        let mut rnd = |m: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        for case in 0..24 {
+            let n = 20 + rnd(60) as usize;
+            let lens: Vec<usize> = (0..n).map(|_| rnd(40) as usize).collect();
+            let (rows, seq_len, lookahead) = (1 + rnd(3) as usize, 4 + rnd(20) as usize, 1 + rnd(8) as usize);
+            let mode = [Mode::Sequential, Mode::Cyclic, Mode::Iid][case % 3];
+            let worlds: Vec<u64> = (0..3).map(|_| 1 + rnd(4)).collect();
+            let make = |rank, world| {
+                let view = SourceView::new(Arc::new(Docs(lens.clone())), &Allocator::cpu(0));
+                Packer::new(view, mode, 5, rank, world, PackOptions { rows, seq_len, lookahead, pad_id: -1 }).unwrap()
+            };
+            let mut placed = Vec::new();
+            let mut states: Vec<PackState> = Vec::new();
+            for (phase, &world) in worlds.iter().enumerate() {
+                let mut ranks: Vec<Packer> = (0..world).map(|r| make(r, world)).collect();
+                if phase > 0 {
+                    for p in &mut ranks {
+                        p.restore_elastic(&states).unwrap();
+                    }
+                }
+                let steps = 1 + rnd(6) as usize;
+                for p in &mut ranks {
+                    placed.extend(tokens_of(p, steps).concat());
+                }
+                states = ranks.iter().map(Packer::state).collect();
+                states.reverse(); // any order
+            }
+            let p = make(0, 1);
+            let last = &states[0];
+            let w = last.world_size;
+            let mut pulled = all_tokens(&p, &lens, 0..last.base);
+            for st in &states {
+                pulled.extend(all_tokens(&p, &lens, (0..st.cursor).map(|j| last.base + j * w + st.rank)));
+                for &(d, off) in &st.window {
+                    placed.extend((off as i64..lens[d as usize] as i64).map(|k| (d as i64, k)));
+                }
+            }
+            placed.sort_unstable();
+            pulled.sort_unstable();
+            assert_eq!(placed.len(), pulled.len(), "case {case}: worlds {worlds:?}, {mode:?}");
+            assert_eq!(placed, pulled, "case {case}: worlds {worlds:?}, {mode:?}");
+        }
+    }
+
+    #[test]
+    fn resharding_to_the_same_world_size_continues_each_rank_exactly() {
+        // Equal cursors and a world of the same size: nothing is carried between ranks beyond
+        // their own windows, so every rank yields what it would have without the restart.
+        let lens: Vec<usize> = (0..80).map(|i| 1 + (i * 5) % 9).collect();
+        let make = |rank| {
+            let view = SourceView::new(Arc::new(Docs(lens.clone())), &Allocator::cpu(0));
+            Packer::new(view, Mode::Sequential, 0, rank, 2, PackOptions { rows: 1, seq_len: 64, lookahead: 4, pad_id: -1 }).unwrap()
+        };
+        let (mut a, mut b) = (make(0), make(1));
+        let whole = [tokens_of(&mut a, 6), tokens_of(&mut b, 6)];
+        let (mut a, mut b) = (make(0), make(1));
+        tokens_of(&mut a, 3);
+        tokens_of(&mut b, 3);
+        let states = [a.state(), b.state()];
+        assert_eq!(states[0].cursor, states[1].cursor);
+        let (mut a2, mut b2) = (make(0), make(1));
+        a2.restore_elastic(&states).unwrap();
+        b2.restore_elastic(&states).unwrap();
+        assert_eq!(tokens_of(&mut a2, 3), whole[0][3..]);
+        assert_eq!(tokens_of(&mut b2, 3), whole[1][3..]);
     }
 }

@@ -471,9 +471,44 @@ pub struct PyPacker {
 fn state_dict<'py>(py: Python<'py>, s: &PackState) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("step", s.step)?;
+    d.set_item("base", s.base)?;
     d.set_item("cursor", s.cursor)?;
     d.set_item("window", s.window.iter().map(|&(a, b)| vec![a, b]).collect::<Vec<_>>())?;
+    d.set_item("rank", s.rank)?;
+    d.set_item("world_size", s.world_size)?;
     Ok(d)
+}
+
+/// A `Packer.state_dict()` read back (checked; `base`, `rank` and `world_size` default to a
+/// state of this packer's rank taken before they were recorded).
+fn pack_state_of(state: &Bound<'_, PyAny>, rank: u64, world_size: u64) -> PyResult<PackState> {
+    let bad = |why: &str| {
+        PyValueError::new_err(format!(
+            "not a Packer state ({why}): expected {{'step': int, 'base': int, 'cursor': int, 'window': [[int, int], ...], 'rank': int, 'world_size': int}}"
+        ))
+    };
+    let d = state.cast::<PyDict>().map_err(|_| bad("not a dict"))?;
+    let get = |k: &str| d.get_item(k).ok().flatten().ok_or_else(|| bad(&format!("no '{k}'")));
+    let int = |k: &str, default: Option<u64>| -> PyResult<u64> {
+        match (d.get_item(k).ok().flatten(), default) {
+            (Some(v), _) => v.extract().map_err(|_| bad(&format!("'{k}' is not a non-negative int"))),
+            (None, Some(x)) => Ok(x),
+            (None, None) => Err(bad(&format!("no '{k}'"))),
+        }
+    };
+    let w = get("window")?;
+    if w.len().map_err(|_| bad("'window' is not a list"))? > crate::loader::MAX_LOOKAHEAD {
+        return Err(bad("the window is longer than any lookahead"));
+    }
+    let window: Vec<[u64; 2]> = w.extract().map_err(|_| bad("'window' is not a list of [document, offset] pairs"))?;
+    Ok(PackState {
+        step: int("step", None)?,
+        base: int("base", Some(0))?,
+        cursor: int("cursor", None)?,
+        window: window.into_iter().map(|[d, o]| (d, o)).collect(),
+        rank: int("rank", Some(rank))?,
+        world_size: int("world_size", Some(world_size))?,
+    })
 }
 
 #[pymethods]
@@ -559,19 +594,36 @@ impl PyPacker {
         state_dict(py, &s)
     }
 
-    /// Resume from a `state_dict()` (checked: ValueError on a state that does not fit).
+    /// Resume from a `state_dict()` of this rank, or from the list of every rank's
+    /// `state_dict()` of a run on any world size (elastic: the documents the old ranks pulled
+    /// but had not placed are dealt to the new ranks, and the stream continues where no old
+    /// rank had reached, so no token is packed twice or skipped). Checked: ValueError on a
+    /// state that does not fit.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let bad = |why: &str| PyValueError::new_err(format!("not a Packer state ({why}): expected {{'step': int, 'cursor': int, 'window': [[int, int], ...]}}"));
-        let d = state.cast::<PyDict>().map_err(|_| bad("not a dict"))?;
-        let get = |k: &str| d.get_item(k).ok().flatten().ok_or_else(|| bad(&format!("no '{k}'")));
-        let step: u64 = get("step")?.extract().map_err(|_| bad("'step' is not a non-negative int"))?;
-        let cursor: u64 = get("cursor")?.extract().map_err(|_| bad("'cursor' is not a non-negative int"))?;
-        let w = get("window")?;
-        if w.len().map_err(|_| bad("'window' is not a list"))? > crate::loader::MAX_LOOKAHEAD {
-            return Err(bad("the window is longer than any lookahead"));
+        let (rank, world) = {
+            let p = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let s = p.state();
+            (s.rank, s.world_size)
+        };
+        if state.is_instance_of::<PyDict>() {
+            let st = pack_state_of(state, rank, world)?;
+            return py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).restore(&st)).py_err();
         }
-        let window: Vec<[u64; 2]> = w.extract().map_err(|_| bad("'window' is not a list of [document, offset] pairs"))?;
-        let st = PackState { step, cursor, window: window.into_iter().map(|[d, o]| (d, o)).collect() };
-        py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).restore(&st)).py_err()
+        let n = state.len().map_err(|_| PyTypeError::new_err("load_state_dict takes a state_dict() or a list of every rank's state_dict()"))?;
+        if n > u32::MAX as usize {
+            return Err(PyValueError::new_err(format!("{n} states: more than any world size")));
+        }
+        let states: Vec<PackState> = state.try_iter()?.map(|s| pack_state_of(&s?, rank, world)).collect::<PyResult<_>>()?;
+        py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).restore_elastic(&states)).py_err()
+    }
+
+    /// The states of `world_size` new ranks dealt from `states`, every rank's `state_dict()`
+    /// of a run (what `load_state_dict(states)` does for this packer's rank).
+    fn reshard<'py>(&self, py: Python<'py>, states: &Bound<'py, PyAny>, world_size: u64) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let p = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let s = p.state();
+        let states: Vec<PackState> = states.try_iter()?.map(|x| pack_state_of(&x?, s.rank, s.world_size)).collect::<PyResult<_>>()?;
+        let out = p.reshard(&states, world_size).py_err()?;
+        out.iter().map(|st| state_dict(py, st)).collect()
     }
 }

@@ -299,11 +299,58 @@ def test_packing_matches_the_reference_and_resumes_exactly(tmp_path):
     for _ in range(25):
         next(again)
     state = again.state_dict()
-    assert set(state) == {"step", "cursor", "window"} and len(state["window"]) <= 16
+    assert set(state) == {"step", "base", "cursor", "window", "rank", "world_size"} and len(state["window"]) <= 16
     resumed = zrecord.Packer(view, 256, rows=4, mode="cyclic", seed=9, lookahead=16, pad_id=-7)
     resumed.load_state_dict(state)
     for k in range(25, 40):
         np.testing.assert_array_equal(np.from_dlpack(next(resumed)["tokens"]), want[k][0])
+
+
+def _placed(batch, docs):
+    """(document, offset) of every real token of a packed batch, checking each token's value."""
+    tokens = np.from_dlpack(batch["tokens"]).ravel()
+    ids = np.from_dlpack(batch["document_ids"]).ravel()
+    pos = np.from_dlpack(batch["position_ids"]).ravel()
+    real = ids >= 0
+    for t, d, k in zip(tokens[real], ids[real], pos[real]):
+        assert t == docs[d][k]
+    return list(zip(ids[real].tolist(), pos[real].tolist()))
+
+
+@pytest.mark.parametrize("worlds", [(2, 3, 1), (3, 2, 4), (1, 4, 4)])
+def test_packing_resumes_on_another_world_size_without_losing_or_repeating_a_token(tmp_path, worlds):
+    rng = np.random.default_rng(sum(worlds))
+    docs = [rng.integers(1, 50_000, int(n), dtype=np.int32) for n in rng.integers(0, 120, 400)]
+    with zrecord.RaggedWriter(tmp_path / "docs", np.int32, 1, "zstd", allow_empty=True) as w:
+        w.append(zrecord.RaggedBatch.from_records(docs))
+    view = zrecord.RaggedStore(tmp_path / "docs").bind(zrecord.Allocator())
+
+    def packer(rank, world):
+        return zrecord.Packer(view, 128, rows=2, mode="sequential", lookahead=8, pad_id=-1, rank=rank, world_size=world)
+
+    placed, states = [], None
+    for phase, world in enumerate(worlds):
+        ranks = [packer(r, world) for r in range(world)]
+        if states is not None:
+            dealt = ranks[0].reshard(states, world)
+            for r, p in enumerate(ranks):
+                p.load_state_dict(states[::-1])  # every old rank's state, any order
+                assert p.state_dict() == dealt[r]
+        for r, p in enumerate(ranks):
+            for _ in range(3 + r + phase):  # ranks pull their streams to different depths
+                placed += _placed(next(p), docs)
+        states = [p.state_dict() for p in ranks]
+    # What the job pulled from the sequential stream: every position below the last base, and
+    # each last rank's positions base + j * world + rank, j < cursor; with what waits in the
+    # windows, the placed tokens are all their tokens, each exactly once.
+    base, world = states[0]["base"], states[0]["world_size"]
+    pulled = list(range(base)) + [base + j * world + s["rank"] for s in states for j in range(s["cursor"])]
+    assert max(pulled) < len(docs), "the test stays inside one epoch"
+    for s in states:
+        placed += [(d, k) for d, off in s["window"] for k in range(off, len(docs[d]))]
+    want = sorted((d, k) for d in pulled for k in range(len(docs[d])))
+    assert len(placed) == len(set(placed)), "no token twice"
+    assert sorted(placed) == want
 
 
 def test_packer_errors(tmp_path):
@@ -320,6 +367,13 @@ def test_packer_errors(tmp_path):
     for bad in ({"step": 0, "cursor": 0, "window": [[9, 0]]}, {"step": 0, "cursor": 0, "window": [[0, 99]]}, {"step": -1, "cursor": 0, "window": []}, {"cursor": 0}, [1]):
         with pytest.raises(ValueError):
             p.load_state_dict(bad)
+    other = zrecord.Packer(tok, 8, rank=1, world_size=2).state_dict()
+    with pytest.raises(ValueError, match="rank 1's of 2"):
+        p.load_state_dict(other)  # another rank's state alone
+    with pytest.raises(ValueError, match="2 states were given|rank"):
+        p.load_state_dict([other, other])
+    with pytest.raises(TypeError):
+        p.load_state_dict(7)
 
 
 def test_block_mode_samples_whole_blocks_a_window_at_a_time():
