@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::query::parts::{PartsSpec, ZrecordCommitExec, ZrecordPartsExec};
 use crate::query::sink::{sink_from_spec, sink_spec, SinkSpec};
 use crate::query::table::{ScanSpec, TableSpec, ZrecordScanExec, ZrecordTable};
+use crate::query::sink::CLIENT_PUBLISH_OPTION;
 use crate::query::ZrecordFormatFactory;
 
 /// Starts every payload of ours: a zero byte is never the start of a protobuf message (field
@@ -407,8 +408,113 @@ impl datafusion::execution::context::QueryPlanner for LocalFirst {
                 datafusion::physical_planner::DefaultPhysicalPlanner::default().create_physical_plan(plan, session).await
             }
             LogicalPlan::Explain(_) | LogicalPlan::Analyze(_) => self.remote.create_physical_plan(plan, session).await,
+            LogicalPlan::Copy(c) => match client_copy(c)? {
+                // A COPY to zrecord: the cluster writes and prepares the root, this client
+                // publishes it once the cluster answered (ClientPublish).
+                Some((copy, target)) => {
+                    let input = Arc::new(ClusterErrors { input: self.remote.create_physical_plan(&copy, session).await? });
+                    Ok(Arc::new(ClientPublish { input, target }))
+                }
+                None => Ok(Arc::new(ClusterErrors { input: self.remote.create_physical_plan(plan, session).await? })),
+            },
             _ => Ok(Arc::new(ClusterErrors { input: self.remote.create_physical_plan(plan, session).await? })),
         }
+    }
+}
+
+/// A COPY to zrecord as this client sends it: its format carries [`CLIENT_PUBLISH_OPTION`]
+/// (this process and a fresh token), and the target the client publishes. `None` for other COPYs.
+fn client_copy(c: &datafusion::logical_expr::dml::CopyTo) -> DfResult<Option<(LogicalPlan, crate::query::parts::PartsTarget)>> {
+    use datafusion::datasource::file_format::{format_as_file_type, DefaultFileType};
+    let Some(f) = c.file_type.as_any().downcast_ref::<DefaultFileType>() else { return Ok(None) };
+    let factory = f.as_format_factory();
+    let Some(z) = factory.downcast_ref::<ZrecordFormatFactory>() else { return Ok(None) };
+    let dest = crate::io::local_path(std::path::Path::new(&c.output_url));
+    let mut target = crate::query::parts::PartsTarget::new(dest, crate::store::WriterOptions::default());
+    target.prepare = true;
+    let mut options: Vec<(String, String)> = z.options().iter().filter(|(k, _)| k.trim_start_matches("format.") != CLIENT_PUBLISH_OPTION).cloned().collect();
+    options.push((CLIENT_PUBLISH_OPTION.to_string(), format!("{}:{:016x}", target.planner_pid, target.token)));
+    let ext = if factory.get_ext() == "zrec" { "zrec" } else { "zrecord" };
+    let file_type = format_as_file_type(Arc::new(ZrecordFormatFactory::with_options(ext, options)));
+    let copy = datafusion::logical_expr::dml::CopyTo::new(c.input.clone(), c.output_url.clone(), c.partition_by.clone(), file_type, c.options.clone());
+    Ok(Some((LogicalPlan::Copy(copy), target)))
+}
+
+/// The client's end of a COPY to zrecord on the cluster: the cluster's answer (the `count`
+/// row, after its commit prepared the root) and then the publish, here
+/// ([`crate::query::parts::publish_prepared`]); on an error from the cluster nothing is
+/// published and the parts are removed. So the root exists exactly when the COPY succeeded,
+/// also when the executor that committed dies before its answer arrives.
+#[derive(Debug)]
+struct ClientPublish {
+    input: Arc<dyn ExecutionPlan>,
+    target: crate::query::parts::PartsTarget,
+}
+
+impl datafusion::physical_plan::DisplayAs for ClientPublish {
+    fn fmt_as(&self, _t: datafusion::physical_plan::DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ZrecordClientPublish: dest={}", self.target.dest.display())
+    }
+}
+
+impl ExecutionPlan for ClientPublish {
+    fn name(&self) -> &'static str {
+        "ZrecordClientPublish"
+    }
+
+    fn properties(&self) -> &Arc<datafusion::physical_plan::PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|_| Error::invalid("plan", "ZrecordClientPublish takes one input"))?;
+        Ok(Arc::new(ClientPublish { input, target: self.target.clone() }))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<datafusion::execution::SendableRecordBatchStream> {
+        use futures::StreamExt;
+        if partition != 0 {
+            return Err(Error::invalid("partition", format!("ZrecordClientPublish has one partition, not {partition}")).into());
+        }
+        let target = self.target.clone();
+        let input = self.input.execute(0, context);
+        let schema = self.input.schema();
+        let out_schema = schema.clone();
+        let fut = async move {
+            let answer: DfResult<Vec<arrow_array::RecordBatch>> = match input {
+                Ok(stream) => stream.collect::<Vec<_>>().await.into_iter().collect(),
+                Err(e) => Err(e),
+            };
+            let batches = match answer {
+                Ok(b) => b,
+                Err(e) => {
+                    let t = target.clone();
+                    let _ = tokio::task::spawn_blocking(move || crate::query::parts::abandon_prepared(&t)).await;
+                    return Err(e);
+                }
+            };
+            let count: u64 = batches
+                .iter()
+                .filter_map(|b| b.column(0).as_any().downcast_ref::<arrow_array::UInt64Array>().map(|a| a.values().iter().sum::<u64>()))
+                .sum();
+            let published = tokio::task::spawn_blocking(move || crate::query::parts::publish_prepared(&target, count))
+                .await
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+            let count = published?;
+            Ok(arrow_array::RecordBatch::try_new(out_schema, vec![Arc::new(arrow_array::UInt64Array::from(vec![count]))])?)
+        };
+        Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, futures::stream::once(fut))))
     }
 }
 

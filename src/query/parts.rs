@@ -54,6 +54,12 @@ pub struct PartsTarget {
     pub planner_pid: u32,
     /// Writer options of every stream.
     pub options: WriterOptions,
+    /// The commit only prepares (writes the manifest next to the parts as
+    /// [`PartsTarget::prepared_name`]) and the client that sent the COPY publishes it
+    /// ([`publish_prepared`]) once the cluster answered: a distributed COPY then publishes
+    /// exactly when its client sees success (the cluster's commit runs on an executor, whose
+    /// answer can be lost after it published).
+    pub prepare: bool,
 }
 
 impl PartsTarget {
@@ -62,11 +68,16 @@ impl PartsTarget {
         let mut seed = [0u8; 8];
         let _ = getrandom::fill(&mut seed);
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        PartsTarget { dest, token: u64::from_le_bytes(seed) ^ t, planner_pid: std::process::id(), options }
+        PartsTarget { dest, token: u64::from_le_bytes(seed) ^ t, planner_pid: std::process::id(), options, prepare: false }
     }
 
     fn remote(&self) -> bool {
         crate::io::is_url(&self.dest)
+    }
+
+    /// The prepared manifest's name in [`PartsTarget::parts_dir`] (prepare mode).
+    pub fn prepared_name(&self) -> String {
+        format!(".zrecord-prepared-{:016x}.json", self.token)
     }
 
     /// The folder parts are written into: the staging folder (local) or the root URL.
@@ -113,16 +124,24 @@ pub(crate) struct PartsSpec {
     token: u64,
     planner_pid: u32,
     options: crate::query::sink::OptionsSpec,
+    #[serde(default)]
+    prepare: bool,
 }
 
 #[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 impl PartsSpec {
     pub(crate) fn of(t: &PartsTarget) -> PartsSpec {
-        PartsSpec { dest: t.dest.to_string_lossy().into_owned(), token: t.token, planner_pid: t.planner_pid, options: crate::query::sink::OptionsSpec::of(&t.options) }
+        PartsSpec {
+            dest: t.dest.to_string_lossy().into_owned(),
+            token: t.token,
+            planner_pid: t.planner_pid,
+            options: crate::query::sink::OptionsSpec::of(&t.options),
+            prepare: t.prepare,
+        }
     }
 
     pub(crate) fn to_target(&self) -> Result<PartsTarget> {
-        Ok(PartsTarget { dest: PathBuf::from(&self.dest), token: self.token, planner_pid: self.planner_pid, options: self.options.to_options()? })
+        Ok(PartsTarget { dest: PathBuf::from(&self.dest), token: self.token, planner_pid: self.planner_pid, options: self.options.to_options()?, prepare: self.prepare })
     }
 }
 
@@ -522,7 +541,10 @@ fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Res
         let entries: Vec<crate::store::dataset::StreamEntry> = serde_json::from_str(&first.streams).map_err(|e| Error::invalid("parts", e.to_string()))?;
         let manifest = DatasetManifest::with_parts(entries, parts.iter().map(|p| p.entry.clone()).collect());
         let bytes = manifest.to_bytes()?;
-        if target.remote() {
+        if target.prepare {
+            let url = dir.to_string_lossy().trim_end_matches('/').to_string();
+            crate::io::resolve(&url, crate::io::ReadMode::Mmap)?.put_create(&target.prepared_name(), bytes)?;
+        } else if target.remote() {
             let url = target.dest.to_string_lossy().trim_end_matches('/').to_string();
             crate::io::resolve(&url, crate::io::ReadMode::Mmap)?.put_create(DATASET_FILE, bytes)?;
         } else {
@@ -534,6 +556,61 @@ fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Res
         cleanup(target, &dir, parts.iter().map(|p| p.entry.path.as_str()));
     }
     result
+}
+
+/// The largest prepared manifest a client reads back (a manifest lists one entry per part).
+const MAX_PREPARED_BYTES: u64 = 64 << 20;
+
+/// The client's half of a prepared COPY ([`PartsTarget::prepare`]): the cluster answered
+/// `count` records, so read the manifest its commit prepared, check it, and publish the root
+/// (local: the manifest written create-only and the staging folder renamed into place;
+/// object store: the create-only put of `dataset.json`). On failure nothing is published and
+/// the parts are removed (best effort).
+pub fn publish_prepared(target: &PartsTarget, count: u64) -> Result<u64> {
+    let dir = target.parts_dir()?;
+    let url = dir.to_string_lossy().trim_end_matches('/').to_string();
+    let result = (|| {
+        let loc = crate::io::resolve(&url, crate::io::ReadMode::Mmap)?;
+        let name = target.prepared_name();
+        let bytes = loc
+            .read_small(&name, MAX_PREPARED_BYTES)?
+            .ok_or_else(|| Error::invalid("copy", format!("COPY to {}: the cluster reported success but prepared no manifest", target.dest.display())))?;
+        let manifest: DatasetManifest = serde_json::from_slice(&bytes).map_err(|e| Error::invalid("copy", format!("COPY to {}: the prepared manifest: {e}", target.dest.display())))?;
+        if manifest.record_count != count {
+            return Err(Error::invalid("copy", format!("COPY to {}: the cluster reported {count} records, its manifest {}", target.dest.display(), manifest.record_count)));
+        }
+        loc.delete(&name)?;
+        if target.remote() {
+            loc.put_create(DATASET_FILE, bytes)?;
+        } else {
+            crate::io::publish::publish_folder(&dir, &target.dest, DATASET_FILE, &bytes)?;
+        }
+        Ok(count)
+    })();
+    if result.is_err() {
+        abandon_prepared(target);
+    }
+    result
+}
+
+/// The client's half of a prepared COPY that failed: remove what its parts wrote (best
+/// effort; `zrec gc` finds what a part writer still running leaves later). Nothing of it was
+/// or will be published: only the client publishes.
+pub fn abandon_prepared(target: &PartsTarget) {
+    let Ok(dir) = target.parts_dir() else { return };
+    if target.remote() {
+        let url = dir.to_string_lossy().trim_end_matches('/').to_string();
+        let Ok(loc) = crate::io::resolve(&url, crate::io::ReadMode::Mmap) else { return };
+        let name = target.prepared_name();
+        if let Ok(Some(bytes)) = loc.read_small(&name, MAX_PREPARED_BYTES) {
+            if let Ok(m) = serde_json::from_slice::<DatasetManifest>(&bytes) {
+                cleanup_parts(target, m.parts.iter().map(|p| p.path.as_str()));
+            }
+        }
+        let _ = loc.delete(&name);
+    } else {
+        let _ = crate::io::remove_tree(&dir);
+    }
 }
 
 /// Remove the parts of a COPY that will not be published (best effort: `zrec gc` finds what
@@ -640,5 +717,68 @@ impl CopyRun {
 
     fn first_error(&self) -> Option<datafusion::error::DataFusionError> {
         self.first.lock().unwrap_or_else(|p| p.into_inner()).clone().map(datafusion::error::DataFusionError::Shared)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::SessionContext;
+
+    /// A prepared COPY of 2 partitions (x = 0..10): the commit's answer and its target.
+    fn prepared(dest: &Path) -> (u64, PartsTarget) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+            let part = |a: i64| RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(a..a + 5))]).unwrap();
+            let ctx = SessionContext::new();
+            ctx.register_table("t", Arc::new(MemTable::try_new(schema.clone(), vec![vec![part(0)], vec![part(5)]]).unwrap())).unwrap();
+            let input = ctx.table("t").await.unwrap().create_physical_plan().await.unwrap();
+            let mut target = PartsTarget::new(dest.to_path_buf(), WriterOptions::default());
+            target.prepare = true;
+            let plan = parts_plan(input, target.clone()).unwrap();
+            let out = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await.unwrap();
+            let count = out[0].column(0).as_any().downcast_ref::<UInt64Array>().unwrap().value(0);
+            (count, target)
+        })
+    }
+
+    #[test]
+    fn a_prepared_copy_is_published_only_by_its_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("root");
+        let (count, target) = prepared(&dest);
+        assert_eq!(count, 10);
+        // The commit prepared the root and published nothing.
+        assert!(!dest.exists());
+        assert!(target.parts_dir().unwrap().join(target.prepared_name()).is_file());
+        // A client that saw a wrong answer refuses it, publishes nothing and removes the parts.
+        assert!(matches!(publish_prepared(&target, 9), Err(Error::InvalidArgument { .. })));
+        assert!(!dest.exists() && !target.parts_dir().unwrap().exists());
+
+        let (count, target) = prepared(&dest);
+        assert_eq!(publish_prepared(&target, count).unwrap(), 10);
+        let ds = crate::store::Dataset::open(&dest).unwrap();
+        assert_eq!(ds.len(), 10);
+        assert!(!dest.join(target.prepared_name()).exists(), "the prepared manifest is not part of the root");
+        assert!(crate::io::publish::leftovers(dir.path()).unwrap().is_empty());
+        // A second publish of the same name is refused (nothing replaced).
+        let (count, again) = prepared(&dest);
+        assert!(publish_prepared(&again, count).is_err());
+        assert_eq!(crate::store::Dataset::open(&dest).unwrap().len(), 10);
+
+        // A client that saw an error abandons the prepared root: nothing published, nothing left.
+        let other = dir.path().join("other");
+        let (_, target) = prepared(&other);
+        abandon_prepared(&target);
+        assert!(!other.exists() && crate::store::Dataset::open(&other).is_err());
+        assert!(crate::io::publish::leftovers(dir.path()).unwrap().is_empty());
+        // ... and a client that saw success but finds no prepared manifest publishes nothing.
+        let (count, target) = prepared(&other);
+        std::fs::remove_file(target.parts_dir().unwrap().join(target.prepared_name())).unwrap();
+        assert!(publish_prepared(&target, count).is_err());
+        assert!(!other.exists());
     }
 }

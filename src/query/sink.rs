@@ -132,6 +132,9 @@ impl datafusion::optimizer::AnalyzerRule for CopyOptionsInFormat {
             if c.options.is_empty() {
                 return Ok(Transformed::no(p));
             }
+            if c.options.keys().any(|k| k.trim_start_matches("format.") == CLIENT_PUBLISH_OPTION) {
+                return Err(Error::invalid("option", format!("'{CLIENT_PUBLISH_OPTION}' is reserved (a Ballista client sets it)")).into());
+            }
             let mut merged: HashMap<String, String> = z.options.iter().cloned().collect();
             merged.extend(c.options.iter().map(|(k, v)| (k.clone(), v.clone())));
             let factory = Arc::new(ZrecordFormatFactory::with_options(z.ext, merged.into_iter().collect()));
@@ -156,18 +159,32 @@ impl FileFormatFactory for ZrecordFormatFactory {
     fn create(&self, _state: &dyn Session, format_options: &HashMap<String, String>) -> DfResult<Arc<dyn FileFormat>> {
         let mut all: HashMap<String, String> = self.options.iter().map(|(k, v)| (k.trim_start_matches("format.").to_string(), v.clone())).collect();
         all.extend(format_options.iter().map(|(k, v)| (k.trim_start_matches("format.").to_string(), v.clone())));
-        Ok(Arc::new(ZrecordFormat { options: writer_options(&all)? }))
+        let client = match all.remove(CLIENT_PUBLISH_OPTION) {
+            Some(v) => {
+                let parsed = v.split_once(':').and_then(|(pid, token)| Some((pid.parse::<u32>().ok()?, u64::from_str_radix(token, 16).ok()?)));
+                Some(parsed.ok_or_else(|| Error::invalid("option", format!("'{CLIENT_PUBLISH_OPTION}' is '{v}', not <pid>:<hex token>")))?)
+            }
+            None => None,
+        };
+        Ok(Arc::new(ZrecordFormat { options: writer_options(&all)?, client }))
     }
 
     fn default(&self) -> Arc<dyn FileFormat> {
-        Arc::new(ZrecordFormat { options: WriterOptions::default() })
+        Arc::new(ZrecordFormat { options: WriterOptions::default(), client: None })
     }
 }
+
+/// The file-format option a Ballista client adds to the COPYs it sends (`<pid>:<hex token>`):
+/// the cluster writes and prepares the root, the client publishes it
+/// ([`crate::query::parts::publish_prepared`]). Reserved: a COPY statement cannot set it.
+pub const CLIENT_PUBLISH_OPTION: &str = "zrecord_client_publish";
 
 /// The format object DataFusion plans COPY with.
 #[derive(Debug)]
 pub struct ZrecordFormat {
     options: WriterOptions,
+    /// Set on a cluster planning a client's COPY: (the client's pid, the COPY's token).
+    client: Option<(u32, u64)>,
 }
 
 fn not_a_file() -> datafusion::error::DataFusionError {
@@ -230,6 +247,12 @@ impl FileFormat for ZrecordFormat {
         // partition, in parallel, and committed once; one partition is a plain root.
         let target = state.config_options().execution.target_partitions;
         let input = if target > 1 { split_scan(input, target, state.config_options())? } else { input };
+        if let Some((pid, token)) = self.client {
+            // A client's COPY on a cluster: parts and a prepared commit, whatever the
+            // partitioning; the client publishes.
+            let target = PartsTarget { dest: path, token, planner_pid: pid, options: self.options.clone(), prepare: true };
+            return parts_plan(input, target);
+        }
         if input.properties().partitioning.partition_count() > 1 {
             return parts_plan(input, PartsTarget::new(path, self.options.clone()));
         }

@@ -349,6 +349,11 @@ fn ballista_copy_equals_single_node_record_by_record() {
         let r = tokio::time::timeout(std::time::Duration::from_secs(300), async { remote.sql(&copy(&dist)).await?.collect().await }).await.unwrap();
         let r = r.unwrap_or_else(|e| panic!("distributed COPY: {e}\n{}", cluster.logs()));
         assert_eq!(rows(&r), vec![vec!["4000".to_string()]]);
+        // The cluster prepared the root and this client published it: nothing is left beside
+        // it or in it (no staging folder, no prepared manifest).
+        assert_eq!(zrecord::io::publish::leftovers(d).unwrap(), vec![]);
+        let names: Vec<String> = std::fs::read_dir(&dist).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(names.iter().all(|n| !n.starts_with(".zrecord-prepared")), "{names:?}");
         local.sql(&copy(&one)).await.unwrap().collect().await.unwrap();
 
         // The same parts (one per partition), the same records in the same order.
@@ -485,7 +490,10 @@ fn ballista_executor_loss_gives_the_exact_result_or_an_error() {
                         assert!(e.contains("an executor of the cluster was lost"), "{e}");
                     }
                     if k == 3 {
-                        assert!(!out.exists() && zrecord::store::Dataset::open(&out).is_err(), "a failed COPY published {}", out.display());
+                        // Only the client publishes, after the cluster's answer: an error
+                        // (also one that reached it after the cluster's commit prepared the
+                        // root) publishes nothing.
+                        assert!(!out.exists() && zrecord::store::Dataset::open(&out).is_err(), "a failed COPY published {}: {e}", out.display());
                     }
                 }
             }
