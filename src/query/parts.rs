@@ -559,6 +559,7 @@ fn commit(target: &PartsTarget, expected: usize, mut parts: Vec<PartRow>) -> Res
 }
 
 /// The largest prepared manifest a client reads back (a manifest lists one entry per part).
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 const MAX_PREPARED_BYTES: u64 = 64 << 20;
 
 /// The client's half of a prepared COPY ([`PartsTarget::prepare`]): the cluster answered
@@ -566,6 +567,7 @@ const MAX_PREPARED_BYTES: u64 = 64 << 20;
 /// (local: the manifest written create-only and the staging folder renamed into place;
 /// object store: the create-only put of `dataset.json`). On failure nothing is published and
 /// the parts are removed (best effort).
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 pub fn publish_prepared(target: &PartsTarget, count: u64) -> Result<u64> {
     let dir = target.parts_dir()?;
     let url = dir.to_string_lossy().trim_end_matches('/').to_string();
@@ -596,6 +598,7 @@ pub fn publish_prepared(target: &PartsTarget, count: u64) -> Result<u64> {
 /// The client's half of a prepared COPY that failed: remove what its parts wrote (best
 /// effort; `zrec gc` finds what a part writer still running leaves later). Nothing of it was
 /// or will be published: only the client publishes.
+#[cfg_attr(not(feature = "ballista"), allow(dead_code))]
 pub fn abandon_prepared(target: &PartsTarget) {
     let Ok(dir) = target.parts_dir() else { return };
     if target.remote() {
