@@ -50,4 +50,4 @@ if ! wait $PYENV_JOB; then
   exit 1
 fi
 grep -i 'not installed' "$PYENV/prepare.log" || true
-ZRECORD_TEST_ENV="$PYENV" bash scripts/test_python.sh
+ZRECORD_TEST_ENV="$PYENV" ZRECORD_TEST_ENV_DISPOSABLE=1 bash scripts/test_python.sh

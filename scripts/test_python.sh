@@ -84,6 +84,12 @@ OLD="$TESTVENV/venv-datasets-oldest/bin/python"
 versions='import datasets, pyarrow, numpy; print("datasets", datasets.__version__, "pyarrow", pyarrow.__version__, "numpy", numpy.__version__)'
 echo "== conversion tests, oldest supported: $("$OLD" -c "$versions"); newest (above): $("$TPY" -c "$versions")"
 "$OLD" -m pytest tests/python/test_convert.py -q -p no:cacheprovider
+# Each venv goes once its tests ran (the main one holds torch and the CUDA libraries, ~6 GB): a
+# machine with little disk still gets through the interpreters below.
+# (Only venvs this run made: scripts/test.sh's, or the one made above.)
+if [ -z "${ZRECORD_TEST_ENV:-}" ] || [ "${ZRECORD_TEST_ENV_DISPOSABLE:-0}" = 1 ]; then
+  rm -rf "$TESTVENV/venv" "$TESTVENV/venv-datasets-oldest"
+fi
 
 # abi3: the same wheel on other interpreters (ZRECORD_EXTRA_PYTHONS, a space-separated list of
 # python executables; CI passes the oldest and newest CPython of its machine), core extras only
@@ -95,5 +101,6 @@ for XPY in ${ZRECORD_EXTRA_PYTHONS:-}; do
   "$XPY" -m venv "$XV"
   "$XV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL[test]"
   "$XV/bin/python" -m pytest tests/python -q -p no:cacheprovider
+  rm -rf "$XV"
 done
 echo "== all tests passed"
