@@ -176,8 +176,8 @@ impl PySessionContext {
     }
 
     /// Prepare `query` once (parsed, planned) to execute many times with new values for its
-    /// parameters `$1`, `$2`, ... . `WHERE _id = ANY($1)` takes an id array: executions of such
-    /// a statement reuse the physical plan and run no SQL text.
+    /// parameters `$1`, `$2`, ... . `WHERE _id = ANY($1)` and `FROM gather('t', $1)` take an
+    /// id array: executions of such a statement reuse the physical plan and run no SQL text.
     fn prepare(&self, py: Python<'_>, query: &str) -> PyResult<PyPreparedStatement> {
         let ctx = self.ctx.clone();
         let query = query.to_string();
@@ -269,7 +269,8 @@ impl PyPreparedStatement {
         self.inner.parameters().to_vec()
     }
 
-    /// True when executions reuse the physical plan (every parameter is an `_id` filter).
+    /// True when executions reuse the physical plan (every parameter is an `_id` filter or
+    /// the ids of a `gather('t', $k)`).
     #[getter]
     fn reuses_plan(&self) -> bool {
         self.inner.reuses_plan()
@@ -284,7 +285,9 @@ impl PyPreparedStatement {
         Ok(self.done(batches))
     }
 
-    /// Run with `ids` (an integer array or a sequence of ints) bound to every `_id = ANY($k)`.
+    /// Run with `ids` (an integer array or a sequence of ints) bound to every `_id = ANY($k)`
+    /// (rows in id order, as `IN`) and every `gather('t', $k)` (rows in the order of `ids`,
+    /// duplicates kept; an id past the end raises `IndexError`).
     fn lookup(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<PyQueryResult> {
         let ids = ids_of(ids)?;
         let inner = self.inner.clone();

@@ -92,6 +92,10 @@ impl TableFunctionImpl for GatherFunction {
             return Err(arg_err(F, "expects (table, [ids...])"));
         }
         let table = resolve_table(F, args.session(), &string_arg(F, exprs, 0, "table")?)?;
+        // `gather('t', $1)` in a prepared statement: the ids are bound at each execution.
+        if let Some(Expr::Placeholder(p)) = exprs.get(1) {
+            return Ok(Arc::new(table.gather_param(&p.id)));
+        }
         let ids = match literal(F, exprs, 1, "ids")? {
             ScalarValue::List(l) => ids_from_array(l.values())?,
             ScalarValue::LargeList(l) => ids_from_array(l.values())?,
@@ -103,7 +107,7 @@ impl TableFunctionImpl for GatherFunction {
     }
 }
 
-fn ids_from_array(a: &ArrayRef) -> DfResult<Vec<u64>> {
+pub(crate) fn ids_from_array(a: &ArrayRef) -> DfResult<Vec<u64>> {
     if a.data_type() == &DataType::Null && a.is_empty() {
         return Ok(Vec::new());
     }

@@ -113,14 +113,62 @@ pub fn id_filter(e: &Expr, n: u64) -> Option<IdSet> {
     }
 }
 
-/// An `_id` filter whose ids come from a statement parameter, bound at execution:
-/// `_id = ANY($1)` (an id list) or `_id = $1` (one id).
+/// Ids that come from a statement parameter, bound at execution: an `_id` filter
+/// (`_id = ANY($1)`, an id list, or `_id = $1`, one id) or the ids of `gather('t', $1)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IdParam {
     /// The placeholder, with its `$` (`"$1"`, `"$ids"`).
     pub id: String,
-    /// True for a list of ids (`= ANY($1)`), false for one id (`= $1`).
+    /// True for a list of ids (`= ANY($1)`, `gather('t', $1)`), false for one id (`= $1`).
     pub list: bool,
+    /// True for `gather('t', $1)`: the ids in their order, duplicates kept, each one an id of
+    /// the table (an error otherwise); false for a filter (`IN` semantics).
+    pub gather: bool,
+}
+
+impl IdParam {
+    /// `_id = ANY($k)` (`list`) or `_id = $k`.
+    pub fn filter(id: impl Into<String>, list: bool) -> IdParam {
+        IdParam { id: id.into(), list, gather: false }
+    }
+
+    /// The ids of `gather('t', $k)`.
+    pub fn gather(id: impl Into<String>) -> IdParam {
+        IdParam { id: id.into(), list: true, gather: true }
+    }
+
+    /// How the parameter reads in a plan: `ANY($1)`, `$1` or `gather($1)`.
+    pub fn display(&self) -> String {
+        match (self.gather, self.list) {
+            (true, _) => format!("gather({})", self.id),
+            (false, true) => format!("ANY({})", self.id),
+            (false, false) => self.id.clone(),
+        }
+    }
+}
+
+/// What a bound parameter selects: a set of ids (a filter) or ids in order (a gather).
+#[derive(Clone, Debug)]
+pub enum BoundIds {
+    /// Ids within the table, in id order (`_id = ANY($1)`, `_id = $1`).
+    Set(IdSet),
+    /// Ids in the given order, duplicates kept, each below the table's record count.
+    Order(std::sync::Arc<Vec<u64>>),
+}
+
+/// The ids of a `gather('t', $k)` parameter value (a list of integers) in their order: a NULL
+/// or a negative id is an error naming the parameter (the scan checks them against its table).
+pub fn param_order(param: &IdParam, value: &ScalarValue) -> crate::error::Result<Vec<u64>> {
+    use datafusion::arrow::array::Array;
+    let values = match value {
+        ScalarValue::List(a) if !a.is_null(0) => a.value(0),
+        ScalarValue::LargeList(a) if !a.is_null(0) => a.value(0),
+        ScalarValue::FixedSizeList(a) if !a.is_null(0) => a.value(0),
+        v => {
+            return Err(crate::error::Error::invalid("parameter", format!("{} binds the ids of gather(): expected a list of integers, got {v:?}", param.id)));
+        }
+    };
+    crate::query::functions::ids_from_array(&values).map_err(|e| crate::error::Error::invalid("parameter", format!("{}: {e}", param.id)))
 }
 
 fn placeholder_id(e: &Expr) -> Option<&str> {
@@ -137,11 +185,11 @@ fn placeholder_id(e: &Expr) -> Option<&str> {
 pub fn param_filter(e: &Expr) -> Option<IdParam> {
     match e {
         Expr::ScalarFunction(f) if f.func.name() == "array_has" && f.args.len() == 2 && is_id_column(&f.args[1]) => {
-            Some(IdParam { id: placeholder_id(&f.args[0])?.to_string(), list: true })
+            Some(IdParam::filter(placeholder_id(&f.args[0])?, true))
         }
         Expr::BinaryExpr(BinaryExpr { left, op: Operator::Eq, right }) => {
             let p = if is_id_column(left) { placeholder_id(right)? } else if is_id_column(right) { placeholder_id(left)? } else { return None };
-            Some(IdParam { id: p.to_string(), list: false })
+            Some(IdParam::filter(p, false))
         }
         _ => None,
     }

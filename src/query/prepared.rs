@@ -33,8 +33,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{DataFrame, SessionContext};
 
 use crate::error::Error;
-use crate::query::ids::{ids_to_set, param_ids, IdParam, IdSet};
-use crate::query::table::ZrecordScanExec;
+use crate::query::ids::{ids_to_set, param_ids, param_order, BoundIds, IdParam};
+use crate::query::table::{ZrecordScanExec, ZrecordTable};
 
 /// A query planned once and executed many times with new parameter values.
 pub struct PreparedQuery {
@@ -103,6 +103,13 @@ impl PreparedQuery {
         };
         let logical = type_id_lists(plan)?;
         let mut params: Vec<String> = logical.get_parameter_types()?.into_keys().collect();
+        // `gather('t', $k)`: the table function took its placeholder at planning time, so the
+        // plan holds it in the scanned table, not in an expression.
+        for p in gather_params(&logical)? {
+            if !params.contains(&p.id) {
+                params.push(p.id);
+            }
+        }
         params.sort_by_key(|p| (position(p), p.clone()));
         if let Some(named) = params.iter().find(|p| position(p).is_none()) {
             return Err(invalid(format!("parameter {named} is not positional: use $1, $2, ...")));
@@ -149,28 +156,39 @@ impl PreparedQuery {
     /// Execute with `values[k]` bound to `$k+1`. Id parameters take an integer (`_id = $1`)
     /// or a list of integers (`_id = ANY($1)`): ids outside the table match nothing, as in an
     /// `IN` list. A reused plan reads its ids in one partition, in id order; like any SQL,
-    /// other statements promise an order only with `ORDER BY`.
+    /// other statements promise an order only with `ORDER BY`. A `gather('t', $k)` takes a
+    /// list of ids, read in that order with duplicates kept (an id past the table is an
+    /// error).
     pub async fn execute(&self, values: Vec<ScalarValue>) -> DfResult<Vec<RecordBatch>> {
         if values.len() != self.params.len() {
             return Err(invalid(format!("the statement has {} parameters, {} values given", self.params.len(), values.len())));
         }
+        let mut value = |p: &IdParam, n: u64| {
+            let v = position(&p.id).and_then(|k| values.get(k)).ok_or_else(|| Error::invalid("parameter", format!("no value for {}", p.id)))?;
+            if p.gather {
+                Ok(BoundIds::Order(Arc::new(param_order(p, v)?)))
+            } else {
+                param_ids(p, v, n).map(BoundIds::Set)
+            }
+        };
         match &self.physical {
             Some(plan) => {
-                let plan = bind(plan, &mut |p, n| {
-                    let v = position(&p.id).and_then(|k| values.get(k)).ok_or_else(|| Error::invalid("parameter", format!("no value for {}", p.id)))?;
-                    param_ids(p, v, n)
-                })?;
+                let plan = bind(plan, &mut value)?;
                 datafusion::physical_plan::collect(plan, self.task.clone()).await
             }
             None => {
-                let plan = self.logical.clone().with_param_values(ParamValues::from(values))?;
-                DataFrame::new(self.state.clone(), plan).collect().await
+                let plan = self.logical.clone().with_param_values(ParamValues::from(values.clone()))?;
+                let physical = DataFrame::new(self.state.clone(), plan).create_physical_plan().await?;
+                // A `gather('t', $k)` scan still takes its ids (no expression held them).
+                let physical = bind(&physical, &mut value)?;
+                datafusion::physical_plan::collect(physical, self.task.clone()).await
             }
         }
     }
 
-    /// Execute a statement whose parameters are all `_id` lists (`_id = ANY($1)`) with every
-    /// one of them bound to `ids`: the fast path for point lookups (no `ScalarValue` per id).
+    /// Execute a statement whose parameters are all id lists (`_id = ANY($1)`,
+    /// `gather('t', $1)`) with every one of them bound to `ids`: the fast path for point
+    /// lookups (no `ScalarValue` per id).
     pub async fn lookup(&self, ids: &[u64]) -> DfResult<Vec<RecordBatch>> {
         match &self.physical {
             Some(plan) => {
@@ -178,10 +196,13 @@ impl PreparedQuery {
                     if !p.list {
                         return Err(Error::invalid("parameter", format!("{} is one id (_id = {}), not an id list: use execute", p.id, p.id)));
                     }
-                    if ids.iter().all(|&i| i < n) {
-                        return Ok(ids_to_set(ids));
+                    if p.gather {
+                        return Ok(BoundIds::Order(Arc::new(ids.to_vec())));
                     }
-                    Ok(ids_to_set(&ids.iter().copied().filter(|&i| i < n).collect::<Vec<_>>()))
+                    if ids.iter().all(|&i| i < n) {
+                        return Ok(BoundIds::Set(ids_to_set(ids)));
+                    }
+                    Ok(BoundIds::Set(ids_to_set(&ids.iter().copied().filter(|&i| i < n).collect::<Vec<_>>())))
                 })?;
                 datafusion::physical_plan::collect(plan, self.task.clone()).await
             }
@@ -211,8 +232,24 @@ fn all_params_in_scans(plan: &Arc<dyn ExecutionPlan>, params: &[String]) -> bool
     params.iter().all(|p| found.contains(p))
 }
 
+/// The `gather('t', $k)` parameters of the zrecord tables `plan` scans (subqueries included).
+fn gather_params(plan: &LogicalPlan) -> DfResult<Vec<IdParam>> {
+    let mut found = Vec::new();
+    plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if let Ok(provider) = datafusion::datasource::source_as_provider(&scan.source) {
+                if let Some(p) = provider.downcast_ref::<ZrecordTable>().and_then(ZrecordTable::order_parameter) {
+                    found.push(p.clone());
+                }
+            }
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    })?;
+    Ok(found)
+}
+
 /// `plan` with each parameterised zrecord scan replaced by its bound copy.
-fn bind(plan: &Arc<dyn ExecutionPlan>, value: &mut dyn FnMut(&IdParam, u64) -> crate::error::Result<IdSet>) -> DfResult<Arc<dyn ExecutionPlan>> {
+fn bind(plan: &Arc<dyn ExecutionPlan>, value: &mut dyn FnMut(&IdParam, u64) -> crate::error::Result<BoundIds>) -> DfResult<Arc<dyn ExecutionPlan>> {
     plan.clone()
         .transform_up(|node| match node.downcast_ref::<ZrecordScanExec>() {
             Some(scan) if !scan.parameters().is_empty() => {

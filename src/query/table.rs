@@ -23,7 +23,7 @@ pub use crate::arrow::ID_COLUMN;
 use crate::arrow::{ScanColumn, Scanner};
 use crate::error::{Error, Result};
 use crate::memory::Allocator;
-use crate::query::ids::{id_filter, param_filter, IdParam, IdSet};
+use crate::query::ids::{id_filter, param_filter, BoundIds, IdParam, IdSet};
 use crate::store::{Dataset, ReadOptions};
 pub use crate::store::Selection;
 
@@ -34,6 +34,8 @@ pub struct ZrecordTable {
     dataset: Dataset,
     schema: SchemaRef,
     order: Option<Arc<Vec<u64>>>,
+    /// `gather('t', $1)` in a prepared statement: the order comes from that parameter.
+    order_param: Option<IdParam>,
     allocator: Allocator,
 }
 
@@ -61,7 +63,7 @@ impl ZrecordTable {
         let allocator = default_allocator();
         let scanner = Scanner::new(dataset.clone(), &allocator);
         let schema = scanner.schema(&scanner.all_columns())?;
-        Ok(ZrecordTable { dataset, schema, order: None, allocator })
+        Ok(ZrecordTable { dataset, schema, order: None, order_param: None, allocator })
     }
 
     /// A scanner of the table's dataset, gathering into its allocator.
@@ -76,7 +78,18 @@ impl ZrecordTable {
         if let Some(&bad) = ids.iter().find(|&&i| i >= n) {
             return Err(Error::IndexOutOfRange { index: bad as i128, len: n, store: self.dataset.path().to_path_buf() });
         }
-        Ok(ZrecordTable { order: Some(Arc::new(ids)), ..self.clone() })
+        Ok(ZrecordTable { order: Some(Arc::new(ids)), order_param: None, ..self.clone() })
+    }
+
+    /// The same table gathered in the order of the ids a statement parameter (`$1`) binds at
+    /// each execution (`gather('t', $1)` in a prepared statement).
+    pub fn gather_param(&self, placeholder: &str) -> ZrecordTable {
+        ZrecordTable { order: None, order_param: Some(IdParam::gather(placeholder)), ..self.clone() }
+    }
+
+    /// The parameter this table's gather order comes from, if any.
+    pub fn order_parameter(&self) -> Option<&IdParam> {
+        self.order_param.as_ref()
     }
 
     /// Gather into `allocator` instead of the shared default pool.
@@ -134,13 +147,17 @@ impl TableProvider for ZrecordTable {
     }
 
     fn statistics(&self) -> Option<Statistics> {
+        if self.order_param.is_some() {
+            // Unknown until bound (an exact count would let the optimizer answer for the scan).
+            return Some(Statistics::new_unknown(&self.schema));
+        }
         Some(Statistics::new_unknown(&self.schema).with_num_rows(Precision::Exact(self.num_rows() as usize)))
     }
 
     async fn scan(&self, state: &dyn Session, projection: Option<&Vec<usize>>, filters: &[Expr], limit: Option<usize>) -> DfResult<Arc<dyn ExecutionPlan>> {
         let n = self.dataset.len();
         let mut pushed = IdSet::all(n);
-        let mut params: Vec<IdParam> = Vec::new();
+        let mut params: Vec<IdParam> = self.order_param.iter().cloned().collect();
         let mut any_filter = false;
         for f in filters {
             match (id_filter(f, n), param_filter(f)) {
@@ -159,8 +176,11 @@ impl TableProvider for ZrecordTable {
         if !params.is_empty() {
             // Ids bound at execution ([`ZrecordScanExec::bind`]): one partition (a point lookup
             // gathers in parallel inside), its selection computed when the values are known.
-            let bound = Bound { base: pushed, params, limit };
-            return Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, Selection::Set(IdSet::empty()), vec![], limit, batch_size, Some(Arc::new(bound)))?));
+            let bound = Bound { base: pushed, params, limit, any_filter };
+            // A gather's order is the parameter's: no `_id` order to promise (an empty list
+            // selection says so); filters alone select ids in id order.
+            let unbound = if self.order_param.is_some() { Selection::List(Arc::new(Vec::new())) } else { Selection::Set(IdSet::empty()) };
+            return Ok(Arc::new(ZrecordScanExec::new(self.clone(), projection, unbound, vec![], limit, batch_size, Some(Arc::new(bound)))?));
         }
         let selection = self.restrict(&pushed, any_filter, limit);
         let partitions = self.partitions(&selection, batch_size, config.target_partitions());
@@ -209,6 +229,8 @@ struct Bound {
     base: IdSet,
     params: Vec<IdParam>,
     limit: Option<usize>,
+    /// True when the scan had filters (a gather's ids are then filtered).
+    any_filter: bool,
 }
 
 /// The scan of a [`ZrecordTable`]: gathers the selected records of the projected streams,
@@ -271,21 +293,34 @@ impl ZrecordScanExec {
     }
 
     /// This scan with its parameters bound: `value(param)` gives the ids each parameter
-    /// selects (already within the table). The bound scan is the one partition of the same
-    /// ids a literal filter would read: the plan around it is reused as it is.
-    pub fn bind(&self, value: &mut dyn FnMut(&IdParam) -> Result<IdSet>) -> DfResult<ZrecordScanExec> {
+    /// selects (a filter's already within the table; a gather's are checked here). The bound
+    /// scan is the one partition of the same ids a literal filter (or a literal gather) would
+    /// read: the plan around it is reused as it is.
+    pub fn bind(&self, value: &mut dyn FnMut(&IdParam) -> Result<BoundIds>) -> DfResult<ZrecordScanExec> {
         let Some(b) = &self.params else {
             return Err(Error::invalid("parameters", "this scan has no parameters to bind").into());
         };
         let mut pushed = b.base.clone();
+        let mut table = self.table.clone();
+        let mut any_filter = b.any_filter;
         for p in &b.params {
-            pushed = pushed.intersect(&value(p)?);
+            match value(p)? {
+                BoundIds::Set(s) => pushed = pushed.intersect(&s),
+                BoundIds::Order(ids) if p.gather => {
+                    table = self.table.gather(Arc::unwrap_or_clone(ids))?;
+                    any_filter = b.params.len() > 1 || b.base.count() < self.table.dataset.len();
+                }
+                BoundIds::Order(_) => return Err(Error::invalid("parameter", format!("{} is an _id filter, not a gather order", p.id)).into()),
+            }
         }
-        let selection = self.table.restrict(&pushed, true, b.limit);
+        if table.order.is_none() && table.order_param.is_some() {
+            return Err(Error::invalid("parameter", "the gather order was not bound").into());
+        }
+        let selection = table.restrict(&pushed, any_filter, b.limit);
         // One partition, as planned (the parents were planned for it).
         let partitions = vec![selection.clone()];
         Ok(ZrecordScanExec {
-            table: self.table.clone(),
+            table,
             projection: self.projection.clone(),
             schema: self.schema.clone(),
             selection,
@@ -320,7 +355,7 @@ impl DisplayAs for ZrecordScanExec {
         write!(f, "ZrecordScanExec: path={}, streams=[{}]", self.table.dataset.path().display(), self.streams_read().join(", "))?;
         match &self.selection {
             _ if self.params.is_some() => {
-                let p = self.parameters().iter().map(|p| if p.list { format!("ANY({})", p.id) } else { p.id.clone() }).collect::<Vec<_>>();
+                let p = self.parameters().iter().map(IdParam::display).collect::<Vec<_>>();
                 write!(f, ", ids=bound at execution from {}", p.join(", "))?
             }
             Selection::Set(s) if s.count() == n => write!(f, ", ids=all {n}")?,
@@ -356,6 +391,11 @@ impl ExecutionPlan for ZrecordScanExec {
     fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
         if let Some(b) = &self.params {
             let p = b.params.iter().map(|p| p.id.as_str()).collect::<Vec<_>>().join(", ");
+            if b.params.iter().any(|p| p.gather) {
+                // SQL's EXECUTE binds the placeholders of expressions; a table function's
+                // argument was consumed when the statement was planned.
+                return Err(Error::invalid("parameters", format!("the ids of gather('...', {p}) are bound only by a prepared statement's execution (PreparedQuery, Python's SessionContext.prepare), not by SQL PREPARE / EXECUTE")).into());
+            }
             return Err(Error::invalid("parameters", format!("statement parameters {p} are not bound: execute the statement through PreparedQuery (or EXECUTE with values)")).into());
         }
         let sel = self
@@ -423,6 +463,9 @@ impl ZrecordTable {
     /// What another process needs to open this table again.
     pub(crate) fn spec(&self) -> Result<TableSpec> {
         let path = self.dataset.path().to_string_lossy().into_owned();
+        if let Some(p) = &self.order_param {
+            return Err(Error::invalid("parameters", format!("a gather whose ids come from {} cannot be sent to other processes before it is bound", p.id)));
+        }
         if path.is_empty() || !self.dataset.is_opened() {
             return Err(Error::invalid("table", "a table assembled in memory (no path) cannot be sent to other processes"));
         }

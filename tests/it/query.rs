@@ -428,6 +428,97 @@ fn prepared_statements_bind_ids_and_reuse_the_plan() {
     });
 }
 
+/// `gather('t', $1)` prepared: the plan is reused, each execution reads exactly the bound ids
+/// in their order with duplicates (as the literal `gather('t', [...])`), filters and other
+/// parameters combine with it, bad ids are typed errors; the plan cache lifts the literal
+/// lists of gathers over registered tables (never over paths).
+#[test]
+fn prepared_gathers_keep_order_and_duplicates() {
+    use datafusion::common::ScalarValue;
+    use zrecord::query::{PlanCache, PreparedQuery};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 1000);
+    let (ctx, table) = counted_table(&root);
+    let reads = || table.dataset().streams().iter().map(|s| s.store().unwrap().records_read()).collect::<Vec<_>>();
+    let list = |v: &[Option<i64>]| ScalarValue::List(ScalarValue::new_list_nullable(&v.iter().map(|&x| ScalarValue::Int64(x)).collect::<Vec<_>>(), &DataType::Int64));
+    rt().block_on(async {
+        let q = PreparedQuery::new(&ctx, "SELECT _id, a FROM gather('t', $1)").await.unwrap();
+        assert!(q.reuses_plan(), "{q:?}");
+        assert_eq!(q.parameters(), ["$1"]);
+        let plan = datafusion::physical_plan::displayable(q.physical_plan().unwrap().as_ref()).indent(false).to_string();
+        assert!(plan.contains("ids=bound at execution from gather($1)"), "{plan}");
+        assert_eq!(reads(), vec![0, 0], "preparing reads nothing");
+        let ids = [500u64, 3, 7, 3, 999, 0];
+        let r = q.lookup(&ids).await.unwrap();
+        assert_eq!(column(&r, "_id"), ids.iter().map(|i| i.to_string()).collect::<Vec<_>>(), "given order, duplicates kept");
+        let want = collect(&ctx, "SELECT _id, a FROM gather('t', [500, 3, 7, 3, 999, 0])").await;
+        assert_eq!(column(&r, "a"), column(&want, "a"));
+        assert_eq!(column(&r, "a")[..2], ["[1000, 1001]".to_string(), "[6, 7]".to_string()]);
+        assert_eq!(reads()[1], 0, "stream b is not read");
+        // Each execution binds afresh: another order, more rows than one batch, none at all.
+        let many: Vec<u64> = (0..300).map(|i| (i * 7919) % 1000).rev().collect();
+        let r = q.lookup(&many).await.unwrap();
+        assert_eq!(column(&r, "_id"), many.iter().map(|i| i.to_string()).collect::<Vec<_>>());
+        assert!(r.iter().all(|b| b.num_rows() <= 64));
+        assert_eq!(q.lookup(&[]).await.unwrap().iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+        // execute() with a list of signed integers.
+        let r = q.execute(vec![list(&[Some(9), Some(2), Some(9)])]).await.unwrap();
+        assert_eq!(column(&r, "_id"), vec!["9", "2", "9"]);
+
+        // Bad ids: past the end (IndexError in Python), negative, NULL, not a list.
+        let e = q.lookup(&[1, 1000]).await.unwrap_err();
+        assert!(matches!(zrecord_error(&e), Some(zrecord::Error::IndexOutOfRange { index: 1000, len: 1000, .. })), "{e:?}");
+        for (bad, what) in [(list(&[Some(1), Some(-4)]), "negative"), (list(&[Some(1), None]), "NULL"), (ScalarValue::Int64(Some(3)), "list of integers")] {
+            let e = q.execute(vec![bad]).await.unwrap_err();
+            assert!(matches!(zrecord_error(&e), Some(zrecord::Error::InvalidArgument { .. })), "{e:?}");
+            assert!(e.to_string().contains("$1") && e.to_string().contains(what), "{e}");
+        }
+
+        // Literal filters keep the gather's order; an `_id` list parameter filters it too.
+        let q = PreparedQuery::new(&ctx, "SELECT _id FROM gather('t', $1) WHERE _id < 100").await.unwrap();
+        assert!(q.reuses_plan());
+        assert_eq!(column(&q.lookup(&[500, 50, 3, 700, 3]).await.unwrap(), "_id"), vec!["50", "3", "3"]);
+        let q = PreparedQuery::new(&ctx, "SELECT _id FROM gather('t', $1) WHERE _id = ANY($2)").await.unwrap();
+        assert!(q.reuses_plan());
+        assert_eq!(q.parameters(), ["$1", "$2"]);
+        let r = q.execute(vec![list(&[Some(8), Some(1), Some(5), Some(8)]), list(&[Some(8), Some(5), Some(77)])]).await.unwrap();
+        assert_eq!(column(&r, "_id"), vec!["8", "5", "8"]);
+        // Aggregates see the bound rows (the unbound scan's statistics are not an exact 0).
+        let q = PreparedQuery::new(&ctx, "SELECT count(*) AS n, sum(b) AS s FROM gather('t', $1)").await.unwrap();
+        let r = q.lookup(&[13, 13, 14]).await.unwrap();
+        assert_eq!((column(&r, "n"), column(&r, "s")), (vec!["3".to_string()], vec!["10".to_string()]));
+        // A parameter outside the scan: re-planned per execution, the gather still bound.
+        let q = PreparedQuery::new(&ctx, "SELECT _id FROM gather('t', $1) WHERE b = $2").await.unwrap();
+        assert!(!q.reuses_plan());
+        let r = q.execute(vec![list(&[Some(24), Some(4), Some(5), Some(14), Some(4)]), ScalarValue::Int32(Some(4))]).await.unwrap();
+        assert_eq!(column(&r, "_id"), vec!["24", "4", "14", "4"]);
+
+        // SQL PREPARE / EXECUTE bind placeholders of expressions, not a table function's
+        // argument: errors, never rows of an unbound gather.
+        let e = ctx.sql("PREPARE g(BIGINT[]) AS SELECT _id FROM gather('t', $1)").await.unwrap_err();
+        assert!(e.to_string().contains("parameters"), "{e}");
+        let e = ctx.sql("SELECT _id FROM gather('t', $1)").await.unwrap().collect().await.unwrap_err();
+        assert!(e.to_string().contains("prepared statement's execution"), "{e}");
+
+        // The plan cache: literal gathers of a registered table share one prepared shape.
+        let cache = PlanCache::default();
+        for ids in [vec![5u64, 2, 5], vec![999, 0]] {
+            let text = format!("SELECT _id FROM gather('t', [{}])", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
+            let (q, values) = cache.prepared(&ctx, &text).await.expect("cached");
+            assert_eq!(column(&q.execute(values).await.unwrap(), "_id"), ids.iter().map(|i| i.to_string()).collect::<Vec<_>>());
+        }
+        assert_eq!(cache.len(), 1);
+        // Ids past the table go the usual way, which refuses them while planning.
+        assert!(cache.prepared(&ctx, "SELECT _id FROM gather('t', [1, 1000])").await.is_none());
+        let e = ctx.sql("SELECT _id FROM gather('t', [1, 1000])").await.unwrap_err();
+        assert!(matches!(zrecord_error(&e), Some(zrecord::Error::IndexOutOfRange { index: 1000, .. })), "{e:?}");
+        // A path names whatever is there now: never cached (and still answered by plain SQL).
+        let by_path = format!("SELECT _id FROM gather('{}', [3, 1])", root.display());
+        assert!(cache.prepared(&ctx, &by_path).await.is_none());
+        assert_eq!(column(&collect(&ctx, &by_path).await, "_id"), vec!["3", "1"]);
+    });
+}
+
 /// A COPY of a partitioned input writes one part per partition, in parallel, and commits the
 /// root once: it reads back (SQL and Rust) as the source rows in source order, equal to a
 /// one-partition COPY of the same query; gathers across parts keep their order.

@@ -285,6 +285,34 @@ def test_prepared_statements_bind_numpy_ids(root):
     assert ctx.sql("EXECUTE p([8, 1])").to_arrow().column("_id").to_pylist() == [1, 8]
 
 
+def test_prepared_gather_keeps_order_and_duplicates(root):
+    path, images, labels, tokens, _ = root
+    ctx = zrecord.SessionContext(target_partitions=2, batch_size=5)
+    ctx.register("t", path)
+    q = ctx.prepare("SELECT _id, image, label, tokens FROM gather('t', $1)")
+    assert q.parameters == ["$1"] and q.reuses_plan
+    for ids in (np.array([7, 2, 11, 2, 0], dtype=np.int64), np.array([11, 7, 2], dtype=np.uint32)[::-1], [3, 3, 3]):
+        want = np.asarray(ids)
+        t = q.lookup(ids).to_arrow()
+        assert t.column("_id").to_pylist() == want.tolist()
+        np.testing.assert_array_equal(t.column("image").combine_chunks().to_numpy_ndarray(), images[want])
+        assert t.column("label").to_pylist() == labels[want].tolist()
+        assert t.column("tokens").to_pylist() == [tokens[i].tolist() for i in want]
+        assert q.execute(ids).to_arrow().equals(t)
+        lit = ctx.sql(f"SELECT _id, image, label, tokens FROM gather('t', [{', '.join(map(str, want.tolist()))}])").to_arrow()
+        assert lit.equals(t)
+    with pytest.raises(IndexError, match="12"):
+        q.lookup([1, 12])
+    with pytest.raises(IndexError, match="non-negative"):
+        q.execute([1, -1])
+    # A filter keeps the gather's order; SQL EXECUTE says where such a statement runs.
+    assert ctx.prepare("SELECT _id FROM gather('t', $1) WHERE label = 1").lookup([10, 4, 1, 4]).to_arrow().column("_id").to_pylist() == [i for i in (10, 4, 1, 4) if labels[i] == 1]
+    with pytest.raises(ValueError, match="parameters"):
+        ctx.sql("PREPARE g(BIGINT[]) AS SELECT _id FROM gather('t', $1)")
+    with pytest.raises(ValueError, match="prepared statement's execution"):
+        ctx.sql("SELECT _id FROM gather('t', $1)").to_arrow()
+
+
 def test_in_list_queries_reuse_plans_and_follow_catalog_changes(root, tmp_path):
     path, images, labels, _, _ = root
     ctx = zrecord.SessionContext(batch_size=5)
