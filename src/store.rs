@@ -243,6 +243,7 @@ impl Store {
 
     /// Put gathers in (or out of) cold mode now instead of waiting for a slow gather to do it.
     pub fn set_cold(&self, cold: bool) {
+        self.core().residency.decided.store(true, std::sync::atomic::Ordering::Relaxed);
         self.core().residency.cold.store(cold, std::sync::atomic::Ordering::Relaxed);
     }
 

@@ -2,7 +2,11 @@
 
     python benches/python/text.py [--rows 100000] [--seconds 1.0] [--threads N]
 
-Two corpora: short strings (~17 bytes) and long documents (~2 KB). Every row is a ratio
+Synthetic corpora (short strings ~17 bytes, long documents ~2 KB) and real text: this
+interpreter's standard library sources and license files cut into ~114-byte and ~2 KB
+documents at line ends ("stdlib short", "stdlib long"), with prefix filters that keep most
+rows (the commonest 4-byte prefix) and long prefixes that match many rows (the commonest
+8-byte one). Every row is a ratio
 zrecord / luminamoon in rows per second (higher is better for zrecord); outputs are checked
 equal where the two define the same result (StringTensor contents, prefix filter, lengths).
 `--threads 1` pins zrecord's pool to one thread (RAYON_NUM_THREADS, set before import);
@@ -59,6 +63,39 @@ def long_corpus(n, rng):
     return out
 
 
+def stdlib_corpus(n, size):
+    """`n` documents of about `size` bytes of real text: this interpreter's standard library
+    (.py sources, then license / readme files), cut at line ends, in file order."""
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(root.rglob("*.py")) + sorted(p for p in root.rglob("*") if p.is_file() and p.name.upper().startswith(("LICENSE", "README", "COPYING")))
+    out, cur = [], []
+    width = 0
+    for f in files:
+        try:
+            lines = f.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (UnicodeDecodeError, OSError):
+            continue
+        for line in lines:
+            cur.append(line)
+            width += len(line)
+            if width >= size:
+                out.append("".join(cur))
+                cur, width = [], 0
+                if len(out) == n:
+                    return out
+    return out
+
+
+def commonest_prefix(data, k):
+    from collections import Counter
+
+    c = Counter(s[:k] for s in data if len(s) >= k)
+    return c.most_common(1)[0][0]
+
+
 def web_corpus(n, rng):
     """Long documents of which a third are junk that the quality rules drop (too few words,
     symbol runs), as in crawled text."""
@@ -75,7 +112,7 @@ def fused_vs_separate(name, data):
     zt = StringTensor(data)
     n = len(data)
     clean, pii = TextCleaner(), PIIMasker()
-    quality = QualityFilter("none", min_words=50, max_symbol_word_ratio=0.1, min_entropy=3.0) if name != "short" else QualityFilter("none", min_chars=14)
+    quality = QualityFilter("none", min_words=50, max_symbol_word_ratio=0.1, min_entropy=3.0) if not name.endswith("short") else QualityFilter("none", min_chars=14)
 
     def separate(with_pii):
         c, _ = clean(zt)
@@ -116,8 +153,14 @@ def main():
     global _minhash
     _minhash = NearDedup(0.8)
     fused_rows = []
-    for name, data in [("short", short_corpus(ARGS.rows, rng)), ("long", long_corpus(max(ARGS.rows // 10, 1000), rng))]:
+    corpora = [("short", short_corpus(ARGS.rows, rng)), ("long", long_corpus(max(ARGS.rows // 10, 1000), rng)),
+               ("stdlib short", stdlib_corpus(ARGS.rows, 100)), ("stdlib long", stdlib_corpus(max(ARGS.rows // 10, 1000), 2000))]
+    for name, data in corpora:
         n = len(data)
+        p4, p8 = commonest_prefix(data, 4), commonest_prefix(data, 8)
+        keep4 = sum(s.startswith(p4) for s in data) / n
+        keep8 = sum(s.startswith(p8) for s in data) / n
+        pkey = {p: f"filter_by_prefix {len(p)} chars, keeps {keep:.0%}" for p, keep in ((p4, keep4), (p8, keep8))}
         arr = pa.array(data, type=pa.string())
         zt = StringTensor(data)
         cases = {
@@ -125,6 +168,8 @@ def main():
             "build from arrow": (lambda: StringTensor.from_arrow(arr), (lambda: lm.StringTensor.from_arrow(arr)) if lm else None),
             "to_arrow": (lambda: zt.to_arrow(), None),
             "filter_by_prefix": (lambda: zt.filter_by_prefix("pre"), None),
+            pkey[p4]: (lambda: zt.filter_by_prefix(p4), None),
+            pkey[p8]: (lambda: zt.filter_by_prefix(p8), None),
             "length filter": (lambda: zt.filter_length(10, 20, "bytes"), None),
             "hash (xxh3)": (lambda: zt.hash(), None),
             # luminamoon's cleaner trims and normalises newlines: ours with the same two rules,
@@ -146,6 +191,9 @@ def main():
             assert lt.filter_by_prefix("pre").to_list() == zt.filter_by_prefix("pre").to_list()
             cases["to_arrow"] = (cases["to_arrow"][0], lambda: lt.to_arrow())
             cases["filter_by_prefix"] = (cases["filter_by_prefix"][0], lambda: lt.filter_by_prefix("pre"))
+            for p, key in pkey.items():
+                assert lt.filter_by_prefix(p).to_list() == zt.filter_by_prefix(p).to_list()
+                cases[key] = (cases[key][0], lambda p=p: lt.filter_by_prefix(p))
             cases["length filter"] = (cases["length filter"][0], lambda: lt.filter_by_length(10, 20))
             cases["hash (xxh3)"] = (cases["hash (xxh3)"][0], lambda: lt.hash_all())
             q = LmQuality(min_words=50, max_symbol_ratio=0.1, min_entropy=3.0)
@@ -155,7 +203,8 @@ def main():
             t_peer = timeit(peer, ARGS.seconds) if peer else None
             rows.append((name, case, n / t_ours, n / t_peer if t_peer else None))
     for name, data in [("short", short_corpus(ARGS.rows, random.Random(2))), ("long", long_corpus(max(ARGS.rows // 10, 1000), random.Random(3))),
-                       ("web", web_corpus(max(ARGS.rows // 10, 1000), random.Random(4)))]:
+                       ("web", web_corpus(max(ARGS.rows // 10, 1000), random.Random(4))),
+                       ("stdlib short", stdlib_corpus(ARGS.rows, 100)), ("stdlib long", stdlib_corpus(max(ARGS.rows // 10, 1000), 2000))]:
         fused_rows += fused_vs_separate(name, data)
     threads = ARGS.threads or os.cpu_count()
     print(f"\n{ARGS.rows} short / {max(ARGS.rows // 10, 1000)} long rows, zrecord threads: {threads}\n")

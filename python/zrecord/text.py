@@ -443,8 +443,10 @@ class NearDedup(_Committed, _Stage):
 
 
 class TextPipeline(_Stage):
-    """Stages fused into one pass per row: a row a filter drops skips later stages; a row no
-    stage changes keeps its input bytes."""
+    """Stages fused into parallel passes: a row a filter or a dedup stage drops skips the later
+    stages (a PII mask after ``ExactDedup`` runs on the kept rows only; dedup stages decide in
+    row order); a dropped row keeps the text it had there; a row no stage changes keeps its
+    input bytes."""
 
     def __init__(self, stages: Sequence[_Stage]):
         self.stages = list(stages)

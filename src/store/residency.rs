@@ -17,9 +17,15 @@ use crate::store::reader::{advise_merged, StoreCore, StoreFile};
 /// stop reading around, and records are read with positional reads (one wait per record instead
 /// of one page fault per page). When a few records of a batch probe resident (`mincore`), the
 /// data is back in memory and the store leaves cold mode.
+///
+/// The first gather decides before it reads: when the pages of a few of its records (or their
+/// index entries) are not resident, the store starts in cold mode, so the first batch after
+/// opening cold data does not fault its way through storage before a slow gather reveals it.
 #[derive(Default)]
 pub(crate) struct Residency {
     pub(crate) cold: std::sync::atomic::AtomicBool,
+    /// The first gather's residency probe ran (or the mode was set explicitly).
+    pub(crate) decided: std::sync::atomic::AtomicBool,
     random_set: std::sync::atomic::AtomicBool,
     /// Bound on bytes gathered between two releases of the mapped pages (0: none).
     pub(crate) max_mapped: AtomicU64,
@@ -43,7 +49,13 @@ impl StoreCore {
     /// In cold mode, ask the kernel for every page a gather of `ids` will touch, all at once
     /// (see [`Residency`]). Does nothing otherwise.
     pub(crate) fn prefetch_cold(&self, ids: crate::store::Ids<'_>) {
-        if !self.residency.cold.load(Ordering::Relaxed) || ids.is_empty() || self.remote {
+        if ids.is_empty() || self.remote {
+            return;
+        }
+        if !self.residency.decided.load(Ordering::Relaxed) && !self.residency.decided.swap(true, Ordering::Relaxed) && self.probe_not_resident(ids) {
+            self.enter_cold();
+        }
+        if !self.residency.cold.load(Ordering::Relaxed) {
             return;
         }
         let n = ids.len();
@@ -81,6 +93,36 @@ impl StoreCore {
         }
     }
 
+    /// Whether a few of `ids`' index entries or records are not in memory (`mincore`): the
+    /// first gather's probe. Looks at an entry only once its index page is known resident (no
+    /// fault before the decision).
+    fn probe_not_resident(&self, ids: crate::store::Ids<'_>) -> bool {
+        let n = ids.len();
+        let probes = n.min(PROBES);
+        (0..probes).any(|j| {
+            let id = ids.get(j * n / probes);
+            let at = (HEADER_BYTES as u64).saturating_add(id.saturating_mul(ENTRY_BYTES as u64));
+            match self.index.source().resident(at, ENTRY_BYTES as u64) {
+                Some(false) => return true,
+                None => return false,
+                Some(true) => {}
+            }
+            let Ok(e) = self.entry(id) else { return false };
+            self.shards.get(e.shard as usize).and_then(|s| s.source().resident(e.offset, (e.stored_len as u64).clamp(1, PROBE_BYTES))) == Some(false)
+        })
+    }
+
+    /// Cold mode on (and, once, read-around off: from then on this store's pages come in by
+    /// explicit hints).
+    fn enter_cold(&self) {
+        let r = &self.residency;
+        if !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
+            for f in self.files() {
+                f.source().advise(Hint::Random, 0, f.len());
+            }
+        }
+    }
+
     /// After a gather's reads of `records` records, `bytes` bytes, took `elapsed` (hints not
     /// counted): switch cold mode on or off, and release mapped pages past the residency bound.
     pub(crate) fn observe(&self, records: usize, bytes: usize, elapsed: std::time::Duration) {
@@ -90,12 +132,9 @@ impl StoreCore {
         }
         let warm_ns = records as u64 * WARM_NS_PER_RECORD + bytes as u64 / WARM_BYTES_PER_NS;
         let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
-        // Slow reads switch cold mode on (and, once, read-around off: from then on this
-        // store's pages come in by explicit hints); `prefetch_cold` switches it off.
-        if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) && !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
-            for f in self.files() {
-                f.source().advise(Hint::Random, 0, f.len());
-            }
+        // Slow reads switch cold mode on; `prefetch_cold` switches it off.
+        if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) {
+            self.enter_cold();
         }
         let max = r.max_mapped.load(Ordering::Relaxed);
         if max > 0 && r.since_release.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64 > max {
@@ -112,5 +151,57 @@ impl StoreCore {
         for f in self.files() {
             f.source().advise(if evict { Hint::Evict } else { Hint::Release }, 0, f.len());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::prelude::*;
+    use std::sync::atomic::Ordering;
+
+    /// The first gather's probe: a store whose pages were evicted starts that gather in cold
+    /// mode (before reading anything); one whose pages are in memory stays warm; an explicit
+    /// `set_cold` is not overridden by the probe.
+    #[test]
+    fn the_first_gather_decides_the_mode_from_residency() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d");
+        let rb = 4096usize;
+        let n = 512usize;
+        let data: Vec<u8> = (0..n * rb).map(|i| (i * 31 % 251) as u8).collect();
+        let mut w = DenseWriter::create(&path, DType::UInt8, &[rb], WriterOptions::with_codec(Codec::Raw)).unwrap();
+        w.append_slice(&data).unwrap();
+        w.finish().unwrap();
+        let ids: Vec<u64> = vec![7, 300, 3, 511, 128];
+        let want: Vec<u8> = ids.iter().flat_map(|&i| data[i as usize * rb..(i as usize + 1) * rb].to_vec()).collect();
+
+        // Resident (just read whole): warm.
+        let alloc = Allocator::cpu(1 << 24);
+        {
+            let warm = DenseStore::open(&path).unwrap();
+            let _ = warm.bind(&alloc).gather(&(0..n as u64).collect::<Vec<_>>()).unwrap();
+            let again = DenseStore::open(&path).unwrap();
+            let core = &again.core;
+            assert!((0..n as u64).all(|i| core.shards[0].source().resident(i * rb as u64, rb as u64) == Some(true)), "pages just read are resident");
+            core.prefetch_cold(crate::store::Ids::List(&ids));
+            assert!(!core.residency.cold.load(Ordering::Relaxed), "resident pages: warm");
+        } // (their mappings go: nothing of ours keeps the pages in memory)
+
+        // Evicted: cold from the first gather on, the bytes unchanged.
+        let cold = DenseStore::open(&path).unwrap();
+        let core = &cold.core;
+        core.release_pages(true);
+        let evicted = ids.iter().any(|&i| core.shards[0].source().resident(i * rb as u64, rb as u64) == Some(false));
+        core.prefetch_cold(crate::store::Ids::List(&ids));
+        // (A file system that keeps every page, tmpfs, has nothing to evict.)
+        assert_eq!(core.residency.cold.load(Ordering::Relaxed), evicted, "evicted pages ({evicted}): cold before the first read");
+        assert_eq!(cold.bind(&alloc).gather(&ids).unwrap().as_bytes(), &want[..]);
+
+        // An explicit mode stands.
+        let chosen = DenseStore::open(&path).unwrap();
+        chosen.core.release_pages(true);
+        Store::from(chosen.clone()).set_cold(false);
+        chosen.core.prefetch_cold(crate::store::Ids::List(&ids));
+        assert!(!chosen.core.residency.cold.load(Ordering::Relaxed), "set_cold(false) is not overridden");
     }
 }

@@ -43,8 +43,8 @@ impl Stage {
 /// The result of a pipeline over a batch.
 #[derive(Clone, Debug)]
 pub struct StageOutput {
-    /// Every row's text after the stages (a row a filter dropped keeps the text it had there,
-    /// one a dedup stage dropped the text the later stages gave it; nulls stay null).
+    /// Every row's text after the stages (a dropped row keeps the text it had where the
+    /// pipeline stopped working on it: see [`TextPipeline::run`]; nulls stay null).
     pub text: StringTensor,
     /// True for rows every stage kept (false for dropped and null rows).
     pub keep: BooleanArray,
@@ -115,88 +115,136 @@ impl TextPipeline {
         run_stages(&self.stages, text, a, b)
     }
 
-    /// Run the stages over every row in one parallel pass: each row goes through the stages
-    /// in order and stops at the first filter that drops it; at a dedup stage the pass records
-    /// the row's key there (XXH3-64 of its text, or its MinHash signature) and goes on. Then the
-    /// dedup stages decide in row order, so results are deterministic and equal to running the
-    /// stages one after the other. A row a filter drops keeps the text it had there; a row a
-    /// dedup stage drops keeps the text the later stages gave it.
+    /// Run the stages over every row: each row goes through the stages in order and stops at
+    /// the first stage that drops it. Filters and rewrites run in parallel; at a dedup stage the
+    /// parallel pass records each row's key there (XXH3-64 of its text, or its MinHash
+    /// signature), then the stage decides in row order, so results are deterministic and equal
+    /// to running the stages one after the other. The pass is cut after each dedup stage: a
+    /// row a dedup stage drops never reaches the (possibly expensive) stages after it. (A
+    /// dedup state listed at several places is decided at all of them row by row, as
+    /// [`TextPipeline::run_one`] does; the stages between those places run on the rows the
+    /// filters before them kept.) A dropped row keeps the text it had where the pipeline
+    /// stopped working on it.
     pub fn run(&self, input: &StringTensor) -> Result<StageOutput> {
         if self.stages.len() >= NOT_RUN as usize {
             return Err(crate::Error::invalid("stages", format!("{} stages (at most {})", self.stages.len(), NOT_RUN - 1)));
         }
-        // Key functions of the dedup stages, detached from their (locked) state.
-        let key_fns: Vec<(usize, KeyFn)> = self
-            .stages
-            .iter()
-            .enumerate()
-            .filter_map(|(j, st)| match st {
-                Stage::Dedup(_) => Some((j, KeyFn::Hash)),
-                Stage::NearDedup(d) => {
-                    let d = d.lock().unwrap_or_else(|p| p.into_inner());
-                    let w = d.permutations().0.len();
-                    Some((j, KeyFn::Signature(d.signer(), w)))
-                }
-                _ => None,
-            })
-            .collect();
-        let (text, reached, keys) = run_pass(&self.stages, &key_fns, input)?;
         let n = input.len();
-        let all = self.stages.len() as u16;
-        let mut keep: Vec<bool> = reached.iter().map(|&r| r == all).collect();
-        if !key_fns.is_empty() {
-            // Ordered decisions: a row reaching a dedup stage is checked (and recorded) there;
-            // a duplicate is dropped and does not reach the next dedup stage.
-            enum Locked<'a> {
-                Exact(std::sync::MutexGuard<'a, ExactDedup>),
-                Near(std::sync::MutexGuard<'a, NearDedup>),
+        let arr = input.as_arrow();
+        let mut keep: Vec<bool> = (0..n).map(|i| !arr.is_null(i)).collect();
+        let mut text = input.clone();
+        for (lo, hi) in segments(&self.stages) {
+            let stages = &self.stages[lo..hi];
+            if !keep.iter().any(|&k| k) {
+                break;
             }
-            // Each distinct state locked once for the batch (a state listed twice is one lock).
-            let mut locked: Vec<Locked<'_>> = Vec::new();
-            let mut seen: Vec<*const ()> = Vec::new();
-            let mut guard_of: Vec<usize> = Vec::with_capacity(key_fns.len());
-            for st in &self.stages {
-                let ptr = match st {
-                    Stage::Dedup(d) => Arc::as_ptr(d) as *const (),
-                    Stage::NearDedup(d) => Arc::as_ptr(d) as *const (),
-                    _ => continue,
-                };
-                if let Some(g) = seen.iter().position(|&p| p == ptr) {
-                    guard_of.push(g);
-                    continue;
-                }
-                seen.push(ptr);
-                locked.push(match st {
-                    Stage::NearDedup(d) => Locked::Near(d.lock().unwrap_or_else(|p| p.into_inner())),
-                    Stage::Dedup(d) => Locked::Exact(d.lock().unwrap_or_else(|p| p.into_inner())),
-                    _ => continue,
-                });
-                guard_of.push(locked.len() - 1);
+            // Key functions of the segment's dedup stages, detached from their (locked) state.
+            let key_fns: Vec<(usize, KeyFn)> = stages
+                .iter()
+                .enumerate()
+                .filter_map(|(j, st)| match st {
+                    Stage::Dedup(_) => Some((j, KeyFn::Hash)),
+                    Stage::NearDedup(d) => {
+                        let d = d.lock().unwrap_or_else(|p| p.into_inner());
+                        let w = d.permutations().0.len();
+                        Some((j, KeyFn::Signature(d.signer(), w)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let (out, reached, keys) = run_pass(stages, &key_fns, &text, &keep)?;
+            text = out;
+            let all = stages.len() as u16;
+            for (k, &r) in keep.iter_mut().zip(&reached) {
+                *k = r == all;
             }
-            for r in 0..n {
-                if reached[r] == NOT_RUN {
-                    continue;
-                }
-                for (d, (j, f)) in key_fns.iter().enumerate() {
-                    if *j as u16 >= reached[r] {
-                        break; // a filter before this stage dropped the row
-                    }
-                    let w = f.width();
-                    let key = &keys[d][r * w..(r + 1) * w];
-                    let new = match &mut locked[guard_of[d]] {
-                        Locked::Exact(set) => set.insert_one(key[0])?,
-                        Locked::Near(nd) => nd.insert_signature(key),
-                    };
-                    if !new {
-                        keep[r] = false;
-                        break;
-                    }
-                }
+            if !key_fns.is_empty() {
+                decide(stages, &key_fns, &reached, &keys, &mut keep)?;
             }
         }
         let bits = par_mask(n, |r| keep[r]);
         Ok(StageOutput { text, keep: BooleanArray::new(bits, None) })
     }
+}
+
+/// The pipeline's passes as stage ranges: each ends after a dedup stage (or at the end), except
+/// where a dedup state is also listed at a later dedup stage (those places decide together).
+fn segments(stages: &[Stage]) -> Vec<(usize, usize)> {
+    let state = |st: &Stage| -> Option<*const ()> {
+        match st {
+            Stage::Dedup(d) => Some(Arc::as_ptr(d) as *const ()),
+            Stage::NearDedup(d) => Some(Arc::as_ptr(d) as *const ()),
+            _ => None,
+        }
+    };
+    let mut out = Vec::new();
+    let mut lo = 0;
+    for (j, st) in stages.iter().enumerate() {
+        if state(st).is_none() {
+            continue;
+        }
+        let before: Vec<*const ()> = stages[lo..=j].iter().filter_map(state).collect();
+        if !stages[j + 1..].iter().filter_map(state).any(|p| before.contains(&p)) {
+            out.push((lo, j + 1));
+            lo = j + 1;
+        }
+    }
+    if lo < stages.len() || out.is_empty() {
+        out.push((lo, stages.len()));
+    }
+    out
+}
+
+/// The ordered decisions of one pass's dedup stages: a row reaching a dedup stage is checked
+/// (and recorded) there; a duplicate is dropped and does not reach the next dedup stage.
+fn decide(stages: &[Stage], key_fns: &[(usize, KeyFn)], reached: &[u16], keys: &[Vec<u64>], keep: &mut [bool]) -> Result<()> {
+    enum Locked<'a> {
+        Exact(std::sync::MutexGuard<'a, ExactDedup>),
+        Near(std::sync::MutexGuard<'a, NearDedup>),
+    }
+    // Each distinct state locked once for the batch (a state listed twice is one lock).
+    let mut locked: Vec<Locked<'_>> = Vec::new();
+    let mut seen: Vec<*const ()> = Vec::new();
+    let mut guard_of: Vec<usize> = Vec::with_capacity(key_fns.len());
+    for st in stages {
+        let ptr = match st {
+            Stage::Dedup(d) => Arc::as_ptr(d) as *const (),
+            Stage::NearDedup(d) => Arc::as_ptr(d) as *const (),
+            _ => continue,
+        };
+        if let Some(g) = seen.iter().position(|&p| p == ptr) {
+            guard_of.push(g);
+            continue;
+        }
+        seen.push(ptr);
+        locked.push(match st {
+            Stage::NearDedup(d) => Locked::Near(d.lock().unwrap_or_else(|p| p.into_inner())),
+            Stage::Dedup(d) => Locked::Exact(d.lock().unwrap_or_else(|p| p.into_inner())),
+            _ => continue,
+        });
+        guard_of.push(locked.len() - 1);
+    }
+    for (r, &reach) in reached.iter().enumerate() {
+        if reach == NOT_RUN {
+            continue;
+        }
+        for (d, (j, f)) in key_fns.iter().enumerate() {
+            if *j as u16 >= reach {
+                break; // a filter before this stage dropped the row
+            }
+            let w = f.width();
+            let key = &keys[d][r * w..(r + 1) * w];
+            let new = match &mut locked[guard_of[d]] {
+                Locked::Exact(set) => set.insert_one(key[0])?,
+                Locked::Near(nd) => nd.insert_signature(key),
+            };
+            if !new {
+                keep[r] = false;
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One row through `stages` (see [`TextPipeline::run_one`]).
@@ -235,9 +283,10 @@ fn run_stages(stages: &[Stage], text: &str, a: &mut String, b: &mut String) -> R
     Ok((rewritten && a.as_str() != text, true))
 }
 
-/// The parallel pass of [`TextPipeline::run`]: every row's text after the stages, where each
-/// row stopped (`Part::reached`) and the keys of the dedup stages, all in row order.
-fn run_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], input: &StringTensor) -> Result<(StringTensor, Vec<u16>, Vec<Vec<u64>>)> {
+/// One parallel pass of [`TextPipeline::run`] over the `active` rows: every row's text after the
+/// stages, where each row stopped (`Part::reached`; [`NOT_RUN`] for the other rows) and the keys
+/// of the dedup stages, all in row order. The other rows keep their views.
+fn run_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], input: &StringTensor, active: &[bool]) -> Result<(StringTensor, Vec<u16>, Vec<Vec<u64>>)> {
     let arr = input.as_arrow();
     let n = arr.len();
     let bytes = input.total_bytes();
@@ -252,7 +301,7 @@ fn run_pass(stages: &[Stage], key_fns: &[(usize, KeyFn)], input: &StringTensor) 
             views: vec![0; m],
             rewritten: vec![false; m],
             buffers: vec![Vec::with_capacity(room)],
-            reached: (lo..hi).map(|i| if arr.is_null(i) { NOT_RUN } else { stages.len() as u16 }).collect(),
+            reached: (lo..hi).map(|i| if active[i] { stages.len() as u16 } else { NOT_RUN }).collect(),
             // Rows that do not reach a dedup stage keep zeros there (never looked at).
             keys: key_fns.iter().map(|(_, f)| vec![0u64; m * f.width()]).collect(),
         };

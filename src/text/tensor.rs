@@ -283,8 +283,34 @@ impl StringTensor {
         let mut words = view_words(self.array.views(), |len, prefix| (len >= plen) & ((prefix & mask) == head));
         let views: &[u128] = self.array.views();
         if p.len() > 4 {
+            // The candidates' first four bytes matched: compare the rest. A short row (inline,
+            // at most 12 bytes) holds it in its view (one masked compare of the view's bytes
+            // 8..16: string bytes 4..12); a long one in its buffer, after the 4 bytes matched.
             let buffers = self.array.data_buffers();
-            for_each_set(&mut words, |i| view_bytes(&views[i], buffers).starts_with(p));
+            let rest = &p[4..];
+            let (want, keep_mask) = if p.len() <= INLINE_MAX {
+                let mut w = [0u8; 8];
+                w[..rest.len()].copy_from_slice(rest);
+                (u64::from_le_bytes(w), u64::MAX >> (8 * (8 - rest.len())))
+            } else {
+                (0, 0) // no inline row is long enough
+            };
+            let check = |i: usize| {
+                let v = views[i];
+                let len = v as u32 as usize;
+                if len <= INLINE_MAX {
+                    ((v >> 64) as u64 & keep_mask) == want && p.len() <= INLINE_MAX
+                } else {
+                    let (buf, off) = ((v >> 64) as u32 as usize, (v >> 96) as u32 as usize);
+                    buffers[buf].get(off + 4..off + p.len()) == Some(rest)
+                }
+            };
+            if views.len() >= 1 << 16 {
+                // 64 rows a word: tasks of ROWS_PER_TASK rows, each clearing its own words.
+                words.par_chunks_mut(ROWS_PER_TASK / 64).enumerate().for_each(|(c, ws)| for_each_set(ws, |i| check(c * ROWS_PER_TASK + i)));
+            } else {
+                for_each_set(&mut words, check);
+            }
         }
         BooleanBuffer::new(Buffer::from_vec(words), 0, views.len())
     }
