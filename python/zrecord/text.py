@@ -453,7 +453,8 @@ class TextPipeline(_Stage):
         for s in self.stages:
             if not isinstance(s, _Stage) or isinstance(s, TextPipeline):
                 raise TypeError(f"a pipeline stage must be TextCleaner, QualityFilter, PIIMasker, ExactDedup or NearDedup, got {type(s).__name__}")
-        self._native = _z._TextPipeline([s._spec for s in self.stages])
+        # Each stage's compiled native stages are reused (a PII masker's patterns compile once).
+        self._native = _z._TextPipeline([s._pipeline() for s in self.stages])
 
     def _pipeline(self):
         return self._native

@@ -422,12 +422,19 @@ fn masker_from(kinds: Option<Vec<String>>, placeholders: Option<&Bound<'_, PyDic
 #[pymethods]
 impl PyTextPipeline {
     /// `stages`: a list of `("clean", {opts})`, `("quality", preset, {rules})`,
-    /// `("pii", kinds or None, {placeholders} or None)`.
+    /// `("pii", kinds or None, {placeholders} or None)`, `("dedup", ExactDedup)`,
+    /// `("near_dedup", NearDedup)`, or a built `_TextPipeline` whose stages are reused.
     #[new]
     fn new(stages: &Bound<'_, PyList>) -> PyResult<Self> {
         let mut out = Vec::new();
         for s in stages.iter() {
-            let t = s.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("a stage spec is a tuple"))?;
+            // A built pipeline (a stage object's own) lends its compiled stages: the PII
+            // patterns are compiled once per PIIMasker, not once per pipeline built from it.
+            if let Ok(p) = s.cast::<PyTextPipeline>() {
+                out.extend(p.get().inner.stages().iter().cloned());
+                continue;
+            }
+            let t = s.cast::<PyTuple>().map_err(|_| PyTypeError::new_err("a stage spec is a tuple or a _TextPipeline"))?;
             let kind: String = t.get_item(0)?.extract()?;
             match kind.as_str() {
                 "clean" => out.push(Stage::Clean(cleaner_from(t.get_item(1)?.cast::<PyDict>()?)?)),

@@ -46,7 +46,7 @@ fn prefetch_record(src: &[u8]) {
 }
 
 #[inline(always)]
-fn prefetch_line(p: *const u8) {
+pub(crate) fn prefetch_line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint: it never faults and has no architectural effect,
     // and `p` points into a live mapping anyway.

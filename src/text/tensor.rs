@@ -305,11 +305,21 @@ impl StringTensor {
                     buffers[buf].get(off + 4..off + p.len()) == Some(rest)
                 }
             };
+            // A long candidate's bytes are a cache miss each (documents lie kilobytes apart):
+            // the next word's candidates are prefetched while this word's are compared.
+            let touch = |i: usize| {
+                let v = views[i];
+                if v as u32 as usize > INLINE_MAX {
+                    if let Some(b) = buffers.get((v >> 64) as u32 as usize) {
+                        crate::store::reader::prefetch_line(b.as_ptr().wrapping_add((v >> 96) as u32 as usize + 4));
+                    }
+                }
+            };
             if views.len() >= 1 << 16 {
                 // 64 rows a word: tasks of ROWS_PER_TASK rows, each clearing its own words.
-                words.par_chunks_mut(ROWS_PER_TASK / 64).enumerate().for_each(|(c, ws)| for_each_set(ws, |i| check(c * ROWS_PER_TASK + i)));
+                words.par_chunks_mut(ROWS_PER_TASK / 64).enumerate().for_each(|(c, ws)| for_each_set_prefetched(ws, |i| touch(c * ROWS_PER_TASK + i), |i| check(c * ROWS_PER_TASK + i)));
             } else {
-                for_each_set(&mut words, check);
+                for_each_set_prefetched(&mut words, touch, check);
             }
         }
         BooleanBuffer::new(Buffer::from_vec(words), 0, views.len())
@@ -468,6 +478,27 @@ impl StringTensor {
         }
         let mut out = Vec::with_capacity(count);
         let nulls = match self.array.nulls() {
+            None if count >= views.len() / 2 => {
+                // Dense selections: every view is written and the cursor advances by its bit
+                // (no branch per row, no per-element capacity check).
+                out.resize(views.len(), 0);
+                let mut pos = 0;
+                let chunks = bits.bit_chunks();
+                let mut base = 0;
+                let mut take = |w: u64, rows: usize, base: usize, pos: &mut usize| {
+                    for (j, &v) in views[base..base + rows].iter().enumerate() {
+                        out[*pos] = v;
+                        *pos += ((w >> j) & 1) as usize;
+                    }
+                };
+                for w in chunks.iter() {
+                    take(w, 64, base, &mut pos);
+                    base += 64;
+                }
+                take(chunks.remainder_bits(), chunks.remainder_len(), base, &mut pos);
+                out.truncate(pos);
+                None
+            }
             None => {
                 out.extend(bits.set_indices().map(|i| views[i]));
                 None
@@ -595,6 +626,35 @@ fn count_chars(s: &[u8]) -> usize {
 /// Clear each set bit of `words` whose row fails `keep`.
 fn for_each_set(words: &mut [u64], keep: impl Fn(usize) -> bool) {
     for (k, w) in words.iter_mut().enumerate() {
+        let mut rest = *w;
+        while rest != 0 {
+            let j = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if !keep(k * 64 + j) {
+                *w &= !(1u64 << j);
+            }
+        }
+    }
+}
+
+/// [`for_each_set`], calling `touch` on the set rows of the next word before `keep` runs on
+/// this word's (a prefetch distance of one word).
+fn for_each_set_prefetched(words: &mut [u64], touch: impl Fn(usize), keep: impl Fn(usize) -> bool) {
+    let ahead = |k: usize, w: u64| {
+        let mut rest = w;
+        while rest != 0 {
+            touch(k * 64 + rest.trailing_zeros() as usize);
+            rest &= rest - 1;
+        }
+    };
+    if let Some(&w) = words.first() {
+        ahead(0, w);
+    }
+    for k in 0..words.len() {
+        if let Some(&w) = words.get(k + 1) {
+            ahead(k + 1, w);
+        }
+        let w = &mut words[k];
         let mut rest = *w;
         while rest != 0 {
             let j = rest.trailing_zeros() as usize;

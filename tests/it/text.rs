@@ -550,6 +550,35 @@ fn large_tensors_split_masks_over_the_pool_with_the_same_answers() {
 }
 
 #[test]
+fn dense_selections_without_nulls_keep_every_matching_row_in_order() {
+    // No nulls and most rows kept: the branchless copy path of the filter, and long rows
+    // whose prefix past 4 bytes is compared in the buffer with the next word prefetched;
+    // sizes below and above the parallel threshold, not multiples of 64.
+    for n in [1usize, 63, 64, 65, 1000, 70_001] {
+        let v: Vec<Option<String>> = (0..n)
+            .map(|i| Some(match i % 10 {
+                0 => format!("other-{i}"),
+                1 => format!("prefix-long-{}", "y".repeat(i % 13)),
+                2 => format!("prefix-lonG-{i}-{}", "z".repeat(20)),
+                _ => format!("prefix-long-{i}-{}", "x".repeat(i % 50)),
+            }))
+            .collect();
+        let t = tensor(&v);
+        assert_eq!(t.null_count(), 0);
+        for prefix in ["prefix-long", "prefix-long-1", "prefix", "p", "other-"] {
+            let want: Vec<&str> = v.iter().flatten().filter(|s| s.starts_with(prefix)).map(String::as_str).collect();
+            let got = t.filter_by_prefix(prefix).unwrap();
+            assert_eq!(got.null_count(), 0);
+            assert_eq!((0..got.len()).map(|i| got.value(i).unwrap()).collect::<Vec<_>>(), want, "n={n} {prefix:?}");
+        }
+        let mask = arrow_array::BooleanArray::from((0..n).map(|i| i % 7 != 3).collect::<Vec<_>>());
+        let f = t.filter(&mask).unwrap();
+        let want: Vec<&str> = v.iter().enumerate().filter(|(i, _)| i % 7 != 3).map(|(_, s)| s.as_deref().unwrap()).collect();
+        assert_eq!((0..f.len()).map(|i| f.value(i).unwrap()).collect::<Vec<_>>(), want, "n={n} mask");
+    }
+}
+
+#[test]
 fn near_dedup_persists_committed_signatures_and_cuts_the_rest() {
     use zrecord::text::{MinHashParams, NearDedup};
     let docs: Vec<String> = (0..30u64).map(|d| (0..50u64).map(|w| format!("w{}", zrecord::text::splitmix64(d, w) % 5000)).collect::<Vec<_>>().join(" ")).collect();
