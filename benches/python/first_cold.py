@@ -60,6 +60,7 @@ def main():
     print("|---|---|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("ZREC_BENCH_DIR")) as root:
         stores = build(root, args.records, rng)
+        os.sync()  # dirty pages cannot be dropped from the page cache
         for (kind, codec), p in stores.items():
             firsts, steadies = [], []
             for _ in range(args.rounds):
