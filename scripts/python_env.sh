@@ -59,4 +59,5 @@ for pkg in datasets pyarrow numpy; do
 done
 "$PY" -m venv "$DIR/venv-datasets-oldest"
 "$DIR/venv-datasets-oldest/bin/python" "${PIP[@]}" -r <(reqs test hf | grep -v -e '^datasets' -e '^pyarrow' -e '^numpy') "${oldest[@]}"
+echo "test environments ready [$(date +%T)]"
 touch "$DIR/ready"

@@ -17,19 +17,19 @@ PYENV_JOB=$!
 # would replace the script's exit status with 1.
 trap 'set +e; kill -- -$PYENV_JOB 2>/dev/null; kill $PYENV_JOB 2>/dev/null; wait $PYENV_JOB 2>/dev/null; rm -rf "$PYENV"' EXIT
 
-echo "== cargo test (unit, integration, property, doc tests, sql/*.slt)"
+echo "== cargo test (unit, integration, property, doc tests, sql/*.slt) [$(date +%T)]"
 cargo test --locked
 
-echo "== examples compile (dev profile; CI's .ci/run also compiles the benches)"
+echo "== examples compile (dev profile; CI's .ci/run also compiles the benches) [$(date +%T)]"
 cargo build --locked --examples --quiet
 
-echo "== examples"
+echo "== examples [$(date +%T)]"
 cargo run --locked --quiet --example transcode
 
-echo "== quick start: zrec demo on the built-in sample (dev profile, small scale)"
+echo "== quick start: zrec demo on the built-in sample (dev profile, small scale) [$(date +%T)]"
 cargo run --locked --quiet --bin zrec -- demo --scale 0.05
 
-echo "== unsafe code under valgrind memcheck (memory, codec, arrow unit tests)"
+echo "== unsafe code under valgrind memcheck (memory, codec, arrow unit tests) [$(date +%T)]"
 if command -v valgrind >/dev/null 2>&1; then
   bin=$(cargo test --locked --lib --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
@@ -43,11 +43,11 @@ for line in sys.stdin:
 else
   echo "valgrind not installed: skipped (CI installs it)"
 fi
-echo "== Python test environments (prepared while cargo built)"
+echo "== Python test environments (prepared while cargo built) [$(date +%T)]"
 if ! wait $PYENV_JOB; then
   tail -n 30 "$PYENV/prepare.log"
   echo "preparing the Python test environments failed (log above)"
   exit 1
 fi
-grep -i 'not installed' "$PYENV/prepare.log" || true
+grep -i -e "not installed" -e "environments ready" "$PYENV/prepare.log" || true
 ZRECORD_TEST_ENV="$PYENV" ZRECORD_TEST_ENV_DISPOSABLE=1 bash scripts/test_python.sh

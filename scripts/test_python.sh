@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-echo "== Python package: build the abi3 wheel (dev profile, shared target dir), check it, install it into a fresh venv, pytest there"
+echo "== Python package: build the abi3 wheel (dev profile, shared target dir), check it, install it into a fresh venv, pytest there [$(date +%T)]"
 PY="${PYTHON:-python3}"
 # Build tools live in a cached venv; the tests run in a venv made fresh for this run.
 TOOLS="${ZRECORD_VENV:-$HOME/.cache/zrecord-venv}"
@@ -74,7 +74,7 @@ PYEOF
 # wheel's own `zrec` console script (pip users' zrec, the clap CLI inside the extension), with
 # no Rust toolchain on PATH.
 test -x "$(dirname "$TPY")/zrec" || { echo "the wheel installed no zrec command"; exit 1; }
-"$TPY" -m pytest tests/python -q -p no:cacheprovider -rs
+"$TPY" -m pytest tests/python -q -p no:cacheprovider -rs --durations=12
 
 # The conversion tests again with the oldest `datasets`, pyarrow and numpy pyproject.toml allows
 # (the run above had the newest pip resolves); conversion reads a private mapping of `datasets`
@@ -82,7 +82,7 @@ test -x "$(dirname "$TPY")/zrec" || { echo "the wheel installed no zrec command"
 OLD="$TESTVENV/venv-datasets-oldest/bin/python"
 "$OLD" -m pip install -q --disable-pip-version-check "$WHEEL[test,hf]"
 versions='import datasets, pyarrow, numpy; print("datasets", datasets.__version__, "pyarrow", pyarrow.__version__, "numpy", numpy.__version__)'
-echo "== conversion tests, oldest supported: $("$OLD" -c "$versions"); newest (above): $("$TPY" -c "$versions")"
+echo "== conversion tests, oldest supported: $("$OLD" -c "$versions"); newest (above): $("$TPY" -c "$versions") [$(date +%T)]"
 "$OLD" -m pytest tests/python/test_convert.py -q -p no:cacheprovider
 # Each venv goes once its tests ran (the main one holds torch and the CUDA libraries, ~6 GB): a
 # machine with little disk still gets through the interpreters below.
@@ -97,10 +97,10 @@ fi
 for XPY in ${ZRECORD_EXTRA_PYTHONS:-}; do
   [ -x "$XPY" ] || continue
   XV="$TESTVENV/venv-$("$XPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-  echo "== the wheel on $("$XPY" --version)"
+  echo "== the wheel on $("$XPY" --version) [$(date +%T)]"
   "$XPY" -m venv "$XV"
   "$XV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL[test]"
   "$XV/bin/python" -m pytest tests/python -q -p no:cacheprovider
   rm -rf "$XV"
 done
-echo "== all tests passed"
+echo "== all tests passed [$(date +%T)]"
