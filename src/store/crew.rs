@@ -28,6 +28,27 @@ pub(crate) trait Job: Send + Sync {
 const LINGER: Duration = Duration::from_micros(200);
 /// Of that, how long it spins before it starts yielding its core to other runnable threads.
 const SPIN: Duration = Duration::from_micros(20);
+/// A parked member that has seen gathers arrive at a steady period wakes this long before
+/// the next one is due (and lingers until [`LINGER`] past it).
+const LEAD: Duration = Duration::from_micros(150);
+/// Periods longer than this are not anticipated (a member wakes for each, so a slow one
+/// costs nothing worth saving and a long one is not a loop).
+const MAX_PERIOD: Duration = Duration::from_secs(1);
+
+/// Nanoseconds from `now` until `lead` before the next burst is due, for bursts that started
+/// at `start` and come every `period` (all in ns); None when that is less than `lead` away or
+/// the loop seems to have stopped (no burst for four periods).
+fn next_wake(now: u64, start: u64, period: u64, lead: u64) -> Option<u64> {
+    if period == 0 || now < start {
+        return None;
+    }
+    let since = now - start;
+    if since > 4 * period {
+        return None;
+    }
+    let due = start + period * (since / period + 1);
+    (due > now + lead).then(|| due - now - lead)
+}
 
 /// The process's gather helpers.
 pub(crate) struct Crew {
@@ -40,6 +61,17 @@ pub(crate) struct Crew {
     /// Members waiting on `wake`.
     parked: AtomicUsize,
     wake: Condvar,
+    /// Post times (ns since `epoch`): the last post, the first post after a quiet spell longer
+    /// than [`LINGER`] (a "burst": one training step may gather several streams), and the
+    /// time between the last two bursts. A loop that gathers, then computes for longer than
+    /// members linger, posts one burst per step: members park in between and would take tens
+    /// of microseconds (on a virtual machine often longer than the whole gather) to wake on
+    /// the post, so the gather ran on its poster's thread alone. With the period known, a
+    /// parked member wakes [`LEAD`] before the next burst is due.
+    epoch: Instant,
+    last_post: AtomicU64,
+    burst_start: AtomicU64,
+    period: AtomicU64,
 }
 
 static CREW: OnceLock<Crew> = OnceLock::new();
@@ -69,6 +101,10 @@ impl Crew {
             posted: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
             wake: Condvar::new(),
+            epoch: Instant::now(),
+            last_post: AtomicU64::new(0),
+            burst_start: AtomicU64::new(0),
+            period: AtomicU64::new(0),
         });
         static STARTED: std::sync::Once = std::sync::Once::new();
         STARTED.call_once(|| {
@@ -94,12 +130,34 @@ impl Crew {
 
     /// Offer `job` to the crew, waking up to `wanted` parked members.
     pub(crate) fn post(&self, job: Arc<dyn Job>, wanted: usize) {
+        let now = self.now_ns();
+        let prev = self.last_post.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(prev) > LINGER.as_nanos() as u64 {
+            let last = self.burst_start.swap(now, Ordering::Relaxed);
+            let period = now.saturating_sub(last);
+            self.period.store(if last == 0 || period > MAX_PERIOD.as_nanos() as u64 { 0 } else { period }, Ordering::Relaxed);
+        }
         self.lock().push(job);
         self.posted.fetch_add(1, Ordering::SeqCst);
         let parked = self.parked.load(Ordering::SeqCst);
         for _ in 0..wanted.min(parked) {
             self.wake.notify_one();
         }
+    }
+
+    fn now_ns(&self) -> u64 {
+        (self.epoch.elapsed().as_nanos() as u64).max(1)
+    }
+
+    /// How long a member that is about to park may sleep before the next burst is due, when
+    /// posts come at a steady period and the next is still more than [`LEAD`] away.
+    fn sleep_before_next(&self) -> Option<Duration> {
+        let period = self.period.load(Ordering::Relaxed);
+        let start = self.burst_start.load(Ordering::Relaxed);
+        if period == 0 || start == 0 {
+            return None;
+        }
+        next_wake(self.now_ns(), start, period, LEAD.as_nanos() as u64).map(Duration::from_nanos)
     }
 
     /// Take `job` off the queue (its poster is done with it).
@@ -115,8 +173,16 @@ impl Crew {
 
     /// A member's life: run jobs, linger, park.
     fn work(&self) {
+        // Timed waits wake within microseconds of their deadline, not the default 50 us slack.
+        // SAFETY: prctl(PR_SET_TIMERSLACK) only sets this thread's timer slack (no pointers).
+        #[cfg(target_os = "linux")]
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong);
+        }
         let mut seen = u64::MAX;
         let mut idle_since = Instant::now();
+        // How long to linger from `idle_since` (longer after waking ahead of a due burst).
+        let mut linger = LINGER;
         loop {
             let posted = self.posted.load(Ordering::SeqCst);
             if posted != seen {
@@ -135,13 +201,20 @@ impl Crew {
                 for _ in 0..16 {
                     std::hint::spin_loop();
                 }
-            } else if idle < LINGER {
+            } else if idle < linger {
                 std::thread::yield_now();
             } else {
                 let mut q = self.lock();
+                linger = LINGER;
                 if Crew::next(&mut q).is_none() {
                     self.parked.fetch_add(1, Ordering::SeqCst);
-                    q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                    q = match self.sleep_before_next() {
+                        Some(d) => {
+                            linger = LEAD + LINGER;
+                            self.wake.wait_timeout(q, d).unwrap_or_else(|p| p.into_inner()).0
+                        }
+                        _ => self.wake.wait(q).unwrap_or_else(|p| p.into_inner()),
+                    };
                     self.parked.fetch_sub(1, Ordering::SeqCst);
                 }
                 drop(q);
@@ -149,5 +222,24 @@ impl Crew {
                 idle_since = Instant::now();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_wake;
+
+    #[test]
+    fn members_wake_ahead_of_the_next_due_burst() {
+        // Bursts every 1000 ns from t=5000; 100 ns of lead.
+        assert_eq!(next_wake(5200, 5000, 1000, 100), Some(700));
+        // Past one due time without a burst: the one after it.
+        assert_eq!(next_wake(6300, 5000, 1000, 100), Some(600));
+        // Within the lead of the next one: no sleep (linger instead).
+        assert_eq!(next_wake(5950, 5000, 1000, 100), None);
+        // A loop that stopped, or no period known: park until woken.
+        assert_eq!(next_wake(9500, 5000, 1000, 100), None);
+        assert_eq!(next_wake(5200, 5000, 0, 100), None);
+        assert_eq!(next_wake(4000, 5000, 1000, 100), None);
     }
 }
