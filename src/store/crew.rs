@@ -152,11 +152,8 @@ impl Crew {
     /// How long a member that is about to park may sleep before the next burst is due, when
     /// posts come at a steady period and the next is still more than [`LEAD`] away.
     fn sleep_before_next(&self) -> Option<Duration> {
-        let period = self.period.load(Ordering::Relaxed);
-        let start = self.burst_start.load(Ordering::Relaxed);
-        if period == 0 || start == 0 {
-            return None;
-        }
+        // No period is known (0) until a second burst: `next_wake` then declines.
+        let (start, period) = (self.burst_start.load(Ordering::Relaxed), self.period.load(Ordering::Relaxed));
         next_wake(self.now_ns(), start, period, LEAD.as_nanos() as u64).map(Duration::from_nanos)
     }
 

@@ -386,7 +386,7 @@ mod tests {
             for z in &zs {
                 for y in &ys {
                     for x in xs {
-                        for (i, j, l) in itertools_free(z, y, x) {
+                        for (i, j, l) in run_positions(z, y, x) {
                             want[(z.dst as usize + i) * 12 + (y.dst as usize + j) * 4 + x.dst as usize + l] = src[(z.src as usize + i) * 30 + (y.src as usize + j) * 6 + x.src as usize + l];
                         }
                     }
@@ -396,7 +396,7 @@ mod tests {
         }
     }
 
-    fn itertools_free(z: &Run, y: &Run, x: &Run) -> Vec<(usize, usize, usize)> {
+    fn run_positions(z: &Run, y: &Run, x: &Run) -> Vec<(usize, usize, usize)> {
         let mut v = Vec::new();
         for i in 0..z.len as usize {
             for j in 0..y.len as usize {
