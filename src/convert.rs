@@ -133,22 +133,95 @@ impl Staged {
         self.bytes += bytes;
     }
 
-    /// Write what is staged as one batch per column (concatenated when there are several).
-    fn flush(&mut self, w: &mut DatasetWriter) -> Result<()> {
-        let batches = std::mem::take(&mut self.batches);
+    /// Take what is staged (the batches go to the writer with [`write_staged`]).
+    fn take(&mut self) -> Vec<Vec<(FieldRef, ArrayRef)>> {
         self.bytes = 0;
-        match batches.len() {
-            0 => Ok(()),
-            1 => append(w, &batches[0]),
-            _ => {
-                let ncols = batches[0].len();
-                let mut cols = Vec::with_capacity(ncols);
-                for k in 0..ncols {
-                    let parts: Vec<&dyn Array> = batches.iter().map(|b| b[k].1.as_ref()).collect();
-                    cols.push((batches[0][k].0.clone(), arrow_select::concat::concat(&parts)?));
-                }
-                append(w, &cols)
+        std::mem::take(&mut self.batches)
+    }
+}
+
+/// Write staged batches as one batch per column (concatenated when there are several).
+fn write_staged(w: &mut DatasetWriter, batches: Vec<Vec<(FieldRef, ArrayRef)>>) -> Result<()> {
+    match batches.len() {
+        0 => Ok(()),
+        1 => append(w, &batches[0]),
+        _ => {
+            let ncols = batches[0].len();
+            let mut cols = Vec::with_capacity(ncols);
+            for k in 0..ncols {
+                let parts: Vec<&dyn Array> = batches.iter().map(|b| b[k].1.as_ref()).collect();
+                cols.push((batches[0][k].0.clone(), arrow_select::concat::concat(&parts)?));
             }
+            append(w, &cols)
+        }
+    }
+}
+
+type StagedBatches = Vec<Vec<(FieldRef, ArrayRef)>>;
+
+/// The dataset writer on a thread of its own: while it concatenates, encodes and writes one
+/// staged group, the caller adapts and stages the next (on 2 cores the serial part of a
+/// conversion, reading the source and concatenating, no longer waits for the encoder). One
+/// group is in flight at most, so memory stays bounded at two groups. The first error stops
+/// the thread; the next `send` or [`WriteBehind::finish`] returns it.
+struct WriteBehind {
+    tx: Option<std::sync::mpsc::SyncSender<StagedBatches>>,
+    thread: Option<std::thread::JoinHandle<(DatasetWriter, Result<()>)>>,
+}
+
+impl WriteBehind {
+    fn start(mut w: DatasetWriter) -> Result<WriteBehind> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<StagedBatches>(0);
+        let thread = std::thread::Builder::new()
+            .name("zrecord-convert".into())
+            .spawn(move || {
+                for batches in rx {
+                    if let Err(e) = write_staged(&mut w, batches) {
+                        return (w, Err(e));
+                    }
+                }
+                (w, Ok(()))
+            })
+            .map_err(|e| Error::invalid("convert", format!("cannot start the writer thread: {e}")))?;
+        Ok(WriteBehind { tx: Some(tx), thread: Some(thread) })
+    }
+
+    /// Hand a group to the writer thread (waits while it still writes the previous one).
+    fn send(&mut self, batches: StagedBatches) -> Result<()> {
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let sent = self.tx.as_ref().map(|tx| tx.send(batches).is_ok()).unwrap_or(false);
+        if sent {
+            return Ok(());
+        }
+        // The thread stopped: it failed on an earlier group.
+        match self.join() {
+            Ok(_) => Err(Error::Closed { what: "converter writer thread" }),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn join(&mut self) -> Result<DatasetWriter> {
+        self.tx = None;
+        let thread = self.thread.take().ok_or(Error::Closed { what: "converter writer thread" })?;
+        let (w, r) = thread.join().map_err(|_| Error::invalid("convert", "the writer thread panicked"))?;
+        r.map(|()| w)
+    }
+
+    /// Every group written: the writer back, to publish.
+    fn finish(mut self) -> Result<DatasetWriter> {
+        self.join()
+    }
+}
+
+impl Drop for WriteBehind {
+    // Abandoned (an error or abort): wait for the thread, whose writer then removes its
+    // staging folder, so nothing of the conversion remains once the converter is gone.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
@@ -157,7 +230,7 @@ enum State {
     /// Holding batches back to train dictionaries (or no data yet).
     Pending(Staged),
     /// Streams created; small batches staged until [`COALESCE_BYTES`].
-    Writing(DatasetWriter, Staged),
+    Writing(WriteBehind, Staged),
     Done,
 }
 
@@ -623,7 +696,7 @@ impl Converter {
             State::Pending(staged) if self.options.train_dict.is_none_or(|size| staged.bytes >= size * DICT_SAMPLE_FACTOR * self.plans.len()) => {
                 self.start()?
             }
-            State::Writing(w, staged) if staged.bytes >= COALESCE_BYTES => staged.flush(w)?,
+            State::Writing(w, staged) if staged.bytes >= COALESCE_BYTES => w.send(staged.take())?,
             _ => {}
         }
         Ok(())
@@ -659,9 +732,10 @@ impl Converter {
         }
         let mut w = DatasetWriter::create_each(&self.dest, &columns)?;
         w.set_metadata(self.metadata.clone());
+        let mut w = WriteBehind::start(w)?;
         let mut staged = held;
         if staged.bytes >= COALESCE_BYTES {
-            staged.flush(&mut w)?;
+            w.send(staged.take())?;
         }
         self.state = State::Writing(w, staged);
         Ok(())
@@ -673,11 +747,11 @@ impl Converter {
         if matches!(self.state, State::Pending(..)) {
             self.start()?;
         }
-        let State::Writing(mut w, mut staged) = std::mem::replace(&mut self.state, State::Done) else {
+        let State::Writing(mut behind, mut staged) = std::mem::replace(&mut self.state, State::Done) else {
             return Err(Error::Closed { what: "converter (an earlier batch failed: nothing was published)" });
         };
-        staged.flush(&mut w)?;
-        let path = w.finish()?;
+        behind.send(staged.take())?;
+        let path = behind.finish()?.finish()?;
         let streams = self.plans.into_iter().filter_map(|p| Some((p.name, p.layout?, p.codec))).collect();
         Ok(ConvertReport { path, rows: self.rows, bytes: self.bytes, streams })
     }

@@ -322,3 +322,67 @@ fn zrec_convert_command_converts_csv_and_refuses_an_existing_root() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
 }
+
+/// `rows` rows of `width` int32 each, row `r` (global id `base + r`) holding `id * width + k`;
+/// `null_at` (a global id) is a null row.
+fn wide_rows(base: usize, rows: usize, width: usize, null_at: Option<usize>) -> RecordBatch {
+    let a = ListArray::from_iter_primitive::<Int32Type, _, _>((base..base + rows).map(|id| {
+        (Some(id) != null_at).then(|| (0..width).map(|k| Some((id * width + k) as i32)).collect::<Vec<_>>())
+    }));
+    RecordBatch::try_from_iter(vec![("t", Arc::new(a) as ArrayRef)]).unwrap()
+}
+
+#[test]
+fn groups_write_behind_the_caller_in_order_and_a_failed_group_publishes_nothing() {
+    // 1024 rows x 16 KiB = 16 MiB a batch: every push hands a group to the writer thread.
+    let (rows, width, batches) = (1024, 4096, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ok");
+    let mut opts = ConvertOptions::default();
+    opts.writer = WriterOptions::with_codec(Codec::Raw);
+    let mut c = Converter::new(&root, &wide_rows(0, 1, width, None).schema(), opts.clone()).unwrap();
+    for b in 0..batches {
+        c.push(&wide_rows(b * rows, rows, width, None)).unwrap();
+    }
+    let report = c.finish().unwrap();
+    assert_eq!(report.rows, (rows * batches) as u64);
+    let got = i32_rows(read_back(&root).column_by_name("t").unwrap());
+    assert_eq!(got.len(), rows * batches);
+    for (id, row) in got.iter().enumerate() {
+        assert!(row.len() == width && row[0] == (id * width) as i32 && row[width - 1] == (id * width + width - 1) as i32, "row {id}");
+    }
+    // A null in the third group: the writer thread stops there while the caller goes on
+    // staging; a later push or finish reports the row, nothing is published, no staging
+    // folder remains (the converter waits for its thread when dropped).
+    let bad = dir.path().join("bad");
+    let null_id = 2 * rows + 17;
+    let mut c = Converter::new(&bad, &wide_rows(0, 1, width, None).schema(), opts.clone()).unwrap();
+    let mut err = None;
+    for b in 0..batches {
+        if let Err(e) = c.push(&wide_rows(b * rows, rows, width, Some(null_id))) {
+            err = Some(e.to_string());
+            break;
+        }
+    }
+    let e = match err {
+        Some(e) => {
+            // Once failed, the converter refuses more input and cannot publish.
+            assert!(c.push(&wide_rows(0, 1, width, None)).is_err());
+            assert!(c.finish().is_err());
+            e
+        }
+        None => c.finish().err().unwrap().to_string(),
+    };
+    assert!(e.contains(&format!("column 't' has a null at row {null_id}")), "{e}");
+    assert!(!bad.exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n != "ok").collect();
+    assert!(left.is_empty(), "staging folders left behind: {left:?}");
+    // Dropped mid-conversion with a group in flight: nothing remains either.
+    let dropped = dir.path().join("dropped");
+    let mut c = Converter::new(&dropped, &wide_rows(0, 1, width, None).schema(), opts).unwrap();
+    c.push(&wide_rows(0, rows, width, None)).unwrap();
+    c.push(&wide_rows(rows, rows, width, None)).unwrap();
+    drop(c);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n != "ok").collect();
+    assert!(left.is_empty(), "staging folders left behind: {left:?}");
+}
