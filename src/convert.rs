@@ -121,9 +121,12 @@ pub struct ConvertReport {
     pub streams: Vec<(String, RecordType, Codec)>,
 }
 
+/// Staged record batches: per batch, its adapted columns.
+type StagedBatches = Vec<Vec<(FieldRef, ArrayRef)>>;
+
 #[derive(Default)]
 struct Staged {
-    batches: Vec<Vec<(FieldRef, ArrayRef)>>,
+    batches: StagedBatches,
     bytes: usize,
 }
 
@@ -134,14 +137,14 @@ impl Staged {
     }
 
     /// Take what is staged (the batches go to the writer with [`write_staged`]).
-    fn take(&mut self) -> Vec<Vec<(FieldRef, ArrayRef)>> {
+    fn take(&mut self) -> StagedBatches {
         self.bytes = 0;
         std::mem::take(&mut self.batches)
     }
 }
 
 /// Write staged batches as one batch per column (concatenated when there are several).
-fn write_staged(w: &mut DatasetWriter, batches: Vec<Vec<(FieldRef, ArrayRef)>>) -> Result<()> {
+fn write_staged(w: &mut DatasetWriter, batches: StagedBatches) -> Result<()> {
     match batches.len() {
         0 => Ok(()),
         1 => append(w, &batches[0]),
@@ -157,13 +160,11 @@ fn write_staged(w: &mut DatasetWriter, batches: Vec<Vec<(FieldRef, ArrayRef)>>) 
     }
 }
 
-type StagedBatches = Vec<Vec<(FieldRef, ArrayRef)>>;
-
 /// The dataset writer on a thread of its own: while it concatenates, encodes and writes one
 /// staged group, the caller adapts and stages the next (on 2 cores the serial part of a
 /// conversion, reading the source and concatenating, no longer waits for the encoder). One
 /// group is in flight at most, so memory stays bounded at two groups. The first error stops
-/// the thread; the next `send` or [`WriteBehind::finish`] returns it.
+/// the thread; the next `send` or [`WriteBehind::join`] returns it.
 struct WriteBehind {
     tx: Option<std::sync::mpsc::SyncSender<StagedBatches>>,
     thread: Option<std::thread::JoinHandle<(DatasetWriter, Result<()>)>>,
@@ -196,22 +197,15 @@ impl WriteBehind {
             return Ok(());
         }
         // The thread stopped: it failed on an earlier group.
-        match self.join() {
-            Ok(_) => Err(Error::Closed { what: "converter writer thread" }),
-            Err(e) => Err(e),
-        }
+        self.join().and(Err(Error::Closed { what: "converter writer thread" }))
     }
 
+    /// Every group written (or the first error): the writer back, to publish.
     fn join(&mut self) -> Result<DatasetWriter> {
         self.tx = None;
         let thread = self.thread.take().ok_or(Error::Closed { what: "converter writer thread" })?;
         let (w, r) = thread.join().map_err(|_| Error::invalid("convert", "the writer thread panicked"))?;
         r.map(|()| w)
-    }
-
-    /// Every group written: the writer back, to publish.
-    fn finish(mut self) -> Result<DatasetWriter> {
-        self.join()
     }
 }
 
@@ -751,7 +745,7 @@ impl Converter {
             return Err(Error::Closed { what: "converter (an earlier batch failed: nothing was published)" });
         };
         behind.send(staged.take())?;
-        let path = behind.finish()?.finish()?;
+        let path = behind.join()?.finish()?;
         let streams = self.plans.into_iter().filter_map(|p| Some((p.name, p.layout?, p.codec))).collect();
         Ok(ConvertReport { path, rows: self.rows, bytes: self.bytes, streams })
     }
