@@ -244,7 +244,11 @@ impl Store {
     /// Put gathers in (or out of) cold mode now instead of waiting for a slow gather to do it.
     pub fn set_cold(&self, cold: bool) {
         self.core().residency.decided.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.core().residency.cold.store(cold, std::sync::atomic::Ordering::Relaxed);
+        if cold {
+            self.core().enter_cold();
+        } else {
+            self.core().residency.cold.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Times the mapped pages were released (explicitly or by the bound).

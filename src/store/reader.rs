@@ -5,7 +5,7 @@
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 use twox_hash::XxHash3_64;
@@ -143,10 +143,13 @@ pub(crate) enum Located<'a> {
 }
 
 pub(crate) struct StoreFile {
-    src: Box<dyn ByteSource>,
+    src: Arc<dyn ByteSource>,
     mapped: Option<(std::ptr::NonNull<u8>, usize)>,
     /// The source's size (read once: the hot path bounds-checks against it).
     len: u64,
+    /// The whole file in process memory, once [`StoreFile::copy_in_background`] has read it.
+    copy: Arc<OnceLock<Box<[u8]>>>,
+    copying: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the cached pointer is to immutable bytes owned by `src` (which is Send + Sync);
@@ -157,9 +160,10 @@ unsafe impl Sync for StoreFile {}
 
 impl StoreFile {
     fn new(src: Box<dyn ByteSource>) -> StoreFile {
+        let src: Arc<dyn ByteSource> = Arc::from(src);
         let mapped = src.as_slice().map(|s| (std::ptr::NonNull::from(s).cast::<u8>(), s.len()));
         let len = src.len();
-        StoreFile { src, mapped, len }
+        StoreFile { src, mapped, len, copy: Arc::default(), copying: std::sync::atomic::AtomicBool::new(false) }
     }
 
     /// The mapped bytes, if the source is mapped.
@@ -169,6 +173,39 @@ impl StoreFile {
         // long as the source lives; `src` is owned here and never replaced, and the returned
         // slice borrows `self`, so it cannot outlive `src`.
         self.mapped.map(|(p, n)| unsafe { std::slice::from_raw_parts(p.as_ptr().cast_const(), n) })
+    }
+
+    /// The whole file as one slice: its copy in process memory when there is one, else the
+    /// mapping (if mapped). The index and shapes files are read through this.
+    #[inline(always)]
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        match self.copy.get() {
+            Some(c) => Some(c),
+            None => self.as_slice(),
+        }
+    }
+
+    /// True once the file is held in process memory ([`StoreFile::copy_in_background`]).
+    pub(crate) fn copied(&self) -> bool {
+        self.copy.get().is_some()
+    }
+
+    /// Read the whole file into process memory on a thread of its own (once per opened store;
+    /// nothing for files over `max` bytes), so its pages no longer come from storage: cold
+    /// mode keeps a store's index (and shapes) this way, and a random gather then waits for
+    /// one read per record instead of two dependent ones (the entry's page, then the record).
+    /// Readers use the file as before until the copy is complete; a failed read leaves none.
+    pub(crate) fn copy_in_background(&self, max: u64) {
+        if self.len > max || self.copying.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let (src, copy) = (self.src.clone(), self.copy.clone());
+        // No thread (resources exhausted): no copy, nothing else changes.
+        let _ = std::thread::Builder::new().name("zrecord-resident".into()).spawn(move || {
+            if let Ok(bytes) = read_whole(src.as_ref()) {
+                let _ = copy.set(bytes);
+            }
+        });
     }
 
     /// The byte source.
@@ -187,6 +224,25 @@ impl StoreFile {
     pub(crate) fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         self.src.read_at(offset, out)
     }
+}
+
+/// All of `src` in a new buffer, with positional reads of 4 MiB (sequential: the kernel reads
+/// ahead) rather than faults through a mapping that may be set for random access.
+pub(crate) fn read_whole(src: &dyn ByteSource) -> Result<Box<[u8]>> {
+    const PIECE: usize = 4 << 20;
+    let n = usize::try_from(src.len()).map_err(|_| Error::invalid("file", format!("{} bytes do not fit in memory", src.len())))?;
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::invalid("file", format!("cannot allocate {n} bytes to hold {}", src.path().display())))?;
+    src.advise(crate::io::Hint::WillNeed, 0, n as u64);
+    while v.len() < n {
+        let at = v.len();
+        let k = (n - at).min(PIECE);
+        src.read_at_cold(at as u64, &mut v.spare_capacity_mut()[..k])?;
+        // SAFETY: `read_at_cold` succeeded, so it wrote all `k` bytes after the first `at`
+        // (within the capacity reserved above).
+        unsafe { v.set_len(at + k) };
+    }
+    Ok(v.into_boxed_slice())
 }
 
 /// An opened store of either kind.
@@ -353,7 +409,7 @@ fn header_of(src: &dyn ByteSource) -> Result<Vec<u8>> {
 /// Read `N` bytes at `at` of a file: the mapped slice when there is one, else a positional read.
 #[inline(always)]
 fn read_fixed<const N: usize>(f: &StoreFile, at: usize) -> Result<[u8; N]> {
-    match f.as_slice() {
+    match f.bytes() {
         Some(b) => b.get(at..at + N).and_then(|b| b.try_into().ok()).ok_or_else(|| Error::corrupt(f.path(), format!("read at {at} past the end"))),
         None => f.source().read_array::<N>(at as u64),
     }
@@ -431,7 +487,7 @@ impl StoreCore {
         let at = HEADER_BYTES + id as usize * self.ndim * 8;
         let mut n: u64 = 1;
         let mut row_buf = [MaybeUninit::<u8>::uninit(); MAX_NDIM * 8];
-        let row: &[u8] = match sh.as_slice() {
+        let row: &[u8] = match sh.bytes() {
             Some(b) => b.get(at..at + self.ndim * 8).ok_or_else(|| Error::corrupt(sh.path(), format!("shape row of record {id} past the end")))?,
             None => {
                 let buf = &mut row_buf[..self.ndim * 8];
@@ -527,7 +583,7 @@ impl StoreCore {
         if id >= self.len {
             return;
         }
-        let Some(index) = self.index.as_slice() else { return };
+        let Some(index) = self.index.bytes() else { return };
         let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
         let Some(raw) = index.get(at..at + ENTRY_BYTES) else { return };
         let e = IndexEntry::decode(raw);
@@ -542,7 +598,7 @@ impl StoreCore {
     #[inline]
     pub(crate) fn prefetch_entry(&self, id: u64) {
         if id < self.len {
-            if let Some(index) = self.index.as_slice() {
+            if let Some(index) = self.index.bytes() {
                 let at = HEADER_BYTES + id as usize * ENTRY_BYTES;
                 if let Some(p) = index.get(at..) {
                     prefetch_line(p.as_ptr());

@@ -41,6 +41,9 @@ const WARM_BYTES_PER_NS: u64 = 2;
 const COLD_FACTOR: u64 = 8;
 /// ... and slower than this (a thread preempted for a moment is not storage).
 const COLD_MIN_NS: u64 = 200_000;
+/// Largest index (or shapes) file that cold mode copies into process memory: 24 bytes per
+/// record, so stores up to ~5.6M records (a copy of 1-2% of 2 KiB records' data).
+pub(crate) const MAX_RESIDENT_COPY: u64 = 128 << 20;
 /// Records of a cold batch probed for residency (`mincore`), and bytes of each.
 const PROBES: usize = 4;
 const PROBE_BYTES: u64 = 64 << 10;
@@ -75,8 +78,11 @@ impl StoreCore {
             at.sort_unstable();
             advise_merged(f, at.into_iter().map(|a| (a, a + row as u64)));
         };
-        rows(&self.index, ENTRY_BYTES);
-        if let Some(sh) = &self.shapes {
+        // (Once the index and shapes are held in memory, only the records come from storage.)
+        if !self.index.copied() {
+            rows(&self.index, ENTRY_BYTES);
+        }
+        if let Some(sh) = self.shapes.as_ref().filter(|sh| !sh.copied()) {
             rows(sh, self.ndim * 8);
         }
         // The entries' pages are on their way: read them (waiting for those pages only) and
@@ -113,12 +119,19 @@ impl StoreCore {
     }
 
     /// Cold mode on (and, once, read-around off: from then on this store's pages come in by
-    /// explicit hints).
-    fn enter_cold(&self) {
+    /// explicit hints). The index and shapes files, when not larger than
+    /// [`MAX_RESIDENT_COPY`], start being copied into process memory (see
+    /// [`StoreFile::copy_in_background`]): a cold gather of records whose entries are not in
+    /// memory either waits for two dependent reads per record, the entry's page, then the record.
+    pub(crate) fn enter_cold(&self) {
         let r = &self.residency;
         if !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
             for f in self.files() {
                 f.source().advise(Hint::Random, 0, f.len());
+            }
+            self.index.copy_in_background(MAX_RESIDENT_COPY);
+            if let Some(sh) = &self.shapes {
+                sh.copy_in_background(MAX_RESIDENT_COPY);
             }
         }
     }
@@ -203,5 +216,73 @@ mod tests {
         Store::from(chosen.clone()).set_cold(false);
         chosen.core.prefetch_cold(crate::store::Ids::List(&ids));
         assert!(!chosen.core.residency.cold.load(Ordering::Relaxed), "set_cold(false) is not overridden");
+    }
+
+    /// Cold mode holds the index and shapes in process memory: once copied, entries and shape
+    /// rows come from the copy (the same bytes as the files), gathers after the files were
+    /// evicted return the same records, and the copy outlives `release_pages`. A file over the
+    /// size bound is not copied.
+    #[test]
+    fn cold_mode_keeps_index_and_shapes_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let alloc = Allocator::cpu(1 << 24);
+        let wait_copied = |f: &crate::store::reader::StoreFile| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while !f.copied() {
+                assert!(std::time::Instant::now() < deadline, "index copy never completed");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+
+        // Dense: 3 shards, so entries name different shards and offsets.
+        let path = dir.path().join("d");
+        let (rb, n) = (96usize, 5000usize);
+        let data: Vec<u8> = (0..n * rb).map(|i| (i * 7 % 253) as u8).collect();
+        let mut w = DenseWriter::create(&path, DType::UInt8, &[rb], WriterOptions::with_codec(Codec::Raw).data_shards(3)).unwrap();
+        w.append_slice(&data).unwrap();
+        w.finish().unwrap();
+        let dense = DenseStore::open(&path).unwrap();
+        let core = &dense.core;
+        let from_file: Vec<_> = (0..n as u64).map(|i| core.entry(i).unwrap()).collect();
+        assert!(!core.index.copied());
+        Store::from(dense.clone()).set_cold(true);
+        wait_copied(&core.index);
+        let on_disk = std::fs::read(path.join(crate::store::format::INDEX)).unwrap();
+        assert_eq!(core.index.bytes().unwrap(), &on_disk[..], "the copy is the file");
+        assert!(core.index.as_slice().is_none_or(|m| !std::ptr::eq(m.as_ptr(), core.index.bytes().unwrap().as_ptr())), "entries come from the copy");
+        let from_copy: Vec<_> = (0..n as u64).map(|i| core.entry(i).unwrap()).collect();
+        assert_eq!(from_copy, from_file);
+        assert!(core.entry(n as u64).is_err(), "past the last entry is still an error");
+        core.release_pages(true);
+        assert!(core.index.copied(), "release_pages keeps the copy");
+        let ids: Vec<u64> = vec![4999, 0, 1234, 1234, 2500, 17];
+        let want: Vec<u8> = ids.iter().flat_map(|&i| data[i as usize * rb..(i as usize + 1) * rb].to_vec()).collect();
+        assert_eq!(dense.bind(&alloc).gather(&ids).unwrap().as_bytes(), &want[..]);
+
+        // Ragged: the shapes too.
+        let path = dir.path().join("r");
+        let recs: Vec<Vec<i32>> = (0..3000).map(|i| (0..(i % 37 + 1)).map(|j| i * 100 + j).collect()).collect();
+        let shapes: Vec<[usize; 1]> = recs.iter().map(|r| [r.len()]).collect();
+        let packed = PackedRagged::from_records(1, recs.iter().zip(&shapes).map(|(r, s)| (&r[..], &s[..]))).unwrap();
+        let mut w = RaggedWriter::create(&path, DType::Int32, 1, WriterOptions::with_codec(Codec::Raw).data_shards(2)).unwrap();
+        w.append(&packed.as_input()).unwrap();
+        w.finish().unwrap();
+        let ragged = RaggedStore::open(&path).unwrap();
+        Store::from(ragged.clone()).set_cold(true);
+        wait_copied(&ragged.core.index);
+        wait_copied(ragged.core.shapes.as_ref().unwrap());
+        ragged.core.release_pages(true);
+        let ids: Vec<u64> = vec![2999, 5, 36, 37, 1500];
+        let b = ragged.bind(&alloc).gather(&ids).unwrap();
+        let want: Vec<i32> = ids.iter().flat_map(|&i| recs[i as usize].clone()).collect();
+        assert_eq!(b.values().as_slice::<i32>().unwrap(), &want[..]);
+        let lens: Vec<i32> = b.cu_seqlens_slice().windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(lens, ids.iter().map(|&i| recs[i as usize].len() as i32).collect::<Vec<_>>());
+
+        // Over the bound: no copy.
+        let other = DenseStore::open(dir.path().join("d")).unwrap();
+        other.core.index.copy_in_background(100);
+        assert!(!other.core.index.copied());
+        assert_eq!(other.core.entry(3).unwrap(), from_file[3]);
     }
 }
