@@ -246,6 +246,7 @@ impl Store {
         self.core().residency.decided.store(true, std::sync::atomic::Ordering::Relaxed);
         if cold {
             self.core().enter_cold();
+            self.core().hold_metadata();
         } else {
             self.core().residency.cold.store(false, std::sync::atomic::Ordering::Relaxed);
         }

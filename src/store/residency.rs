@@ -119,20 +119,25 @@ impl StoreCore {
     }
 
     /// Cold mode on (and, once, read-around off: from then on this store's pages come in by
-    /// explicit hints). The index and shapes files, when not larger than
-    /// [`MAX_RESIDENT_COPY`], start being copied into process memory (see
-    /// [`StoreFile::copy_in_background`]): a cold gather of records whose entries are not in
-    /// memory either waits for two dependent reads per record, the entry's page, then the record.
+    /// explicit hints).
     pub(crate) fn enter_cold(&self) {
         let r = &self.residency;
         if !r.cold.swap(true, Ordering::Relaxed) && !r.random_set.swap(true, Ordering::Relaxed) {
             for f in self.files() {
                 f.source().advise(Hint::Random, 0, f.len());
             }
-            self.index.copy_in_background(MAX_RESIDENT_COPY);
-            if let Some(sh) = &self.shapes {
-                sh.copy_in_background(MAX_RESIDENT_COPY);
-            }
+        }
+    }
+
+    /// Start copying the index and shapes files (when not larger than [`MAX_RESIDENT_COPY`])
+    /// into process memory, once (see [`StoreFile::copy_in_background`]): a cold gather of
+    /// records whose entries are not in memory either waits for two dependent reads per
+    /// record, the entry's page, then the record. Started after the first cold gather, so the
+    /// copy's reads do not compete with that gather's.
+    pub(crate) fn hold_metadata(&self) {
+        self.index.copy_in_background(MAX_RESIDENT_COPY);
+        if let Some(sh) = &self.shapes {
+            sh.copy_in_background(MAX_RESIDENT_COPY);
         }
     }
 
@@ -148,6 +153,9 @@ impl StoreCore {
         // Slow reads switch cold mode on; `prefetch_cold` switches it off.
         if ns > warm_ns.saturating_mul(COLD_FACTOR).max(COLD_MIN_NS) {
             self.enter_cold();
+        }
+        if r.cold.load(Ordering::Relaxed) {
+            self.hold_metadata();
         }
         let max = r.max_mapped.load(Ordering::Relaxed);
         if max > 0 && r.since_release.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64 > max {
