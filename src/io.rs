@@ -175,6 +175,27 @@ impl dyn ByteSource + '_ {
         Ok(v)
     }
 
+    /// The whole source into a new buffer with positional reads of 4 MiB
+    /// ([`ByteSource::read_at_cold`]: sequential, so the kernel reads ahead, where faults through a
+    /// mapping set for random access would wait page by page). A size that cannot be allocated
+    /// is an error, not an abort.
+    pub fn read_all_cold(&self) -> Result<Box<[u8]>> {
+        const PIECE: usize = 4 << 20;
+        let n = usize::try_from(self.len()).map_err(|_| Error::invalid("file", format!("{} bytes do not fit in memory", self.len())))?;
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| Error::invalid("file", format!("cannot allocate {n} bytes to hold {}", self.path().display())))?;
+        self.advise(Hint::WillNeed, 0, n as u64);
+        while v.len() < n {
+            let at = v.len();
+            let k = (n - at).min(PIECE);
+            self.read_at_cold(at as u64, &mut v.spare_capacity_mut()[..k])?;
+            // SAFETY: `read_at_cold` succeeded, so it wrote all `k` bytes after the first `at`
+            // (within the capacity reserved above).
+            unsafe { v.set_len(at + k) };
+        }
+        Ok(v.into_boxed_slice())
+    }
+
     /// A fixed-size array at `offset`.
     pub fn read_array<const N: usize>(&self, offset: u64) -> Result<[u8; N]> {
         if let Some(s) = self.as_slice() {

@@ -246,7 +246,6 @@ impl Store {
         self.core().residency.decided.store(true, std::sync::atomic::Ordering::Relaxed);
         if cold {
             self.core().enter_cold();
-            self.core().hold_metadata();
         } else {
             self.core().residency.cold.store(false, std::sync::atomic::Ordering::Relaxed);
         }

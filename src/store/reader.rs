@@ -202,7 +202,7 @@ impl StoreFile {
         let (src, copy) = (self.src.clone(), self.copy.clone());
         // No thread (resources exhausted): no copy, nothing else changes.
         let _ = std::thread::Builder::new().name("zrecord-resident".into()).spawn(move || {
-            if let Ok(bytes) = read_whole(src.as_ref()) {
+            if let Ok(bytes) = src.read_all_cold() {
                 let _ = copy.set(bytes);
             }
         });
@@ -224,25 +224,6 @@ impl StoreFile {
     pub(crate) fn read_at(&self, offset: u64, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         self.src.read_at(offset, out)
     }
-}
-
-/// All of `src` in a new buffer, with positional reads of 4 MiB (sequential: the kernel reads
-/// ahead) rather than faults through a mapping that may be set for random access.
-pub(crate) fn read_whole(src: &dyn ByteSource) -> Result<Box<[u8]>> {
-    const PIECE: usize = 4 << 20;
-    let n = usize::try_from(src.len()).map_err(|_| Error::invalid("file", format!("{} bytes do not fit in memory", src.len())))?;
-    let mut v: Vec<u8> = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::invalid("file", format!("cannot allocate {n} bytes to hold {}", src.path().display())))?;
-    src.advise(crate::io::Hint::WillNeed, 0, n as u64);
-    while v.len() < n {
-        let at = v.len();
-        let k = (n - at).min(PIECE);
-        src.read_at_cold(at as u64, &mut v.spare_capacity_mut()[..k])?;
-        // SAFETY: `read_at_cold` succeeded, so it wrote all `k` bytes after the first `at`
-        // (within the capacity reserved above).
-        unsafe { v.set_len(at + k) };
-    }
-    Ok(v.into_boxed_slice())
 }
 
 /// An opened store of either kind.

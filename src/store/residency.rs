@@ -18,6 +18,10 @@ use crate::store::reader::{advise_merged, StoreCore, StoreFile};
 /// of one page fault per page). When a few records of a batch probe resident (`mincore`), the
 /// data is back in memory and the store leaves cold mode.
 ///
+/// From the end of the first cold gather on, the index and shapes files (up to
+/// [`MAX_RESIDENT_COPY`]) are copied into process memory in the background, so once the copy is
+/// complete a cold gather waits for its records only.
+///
 /// The first gather decides before it reads: when the pages of a few of its records (or their
 /// index entries) are not resident, the store starts in cold mode, so the first batch after
 /// opening cold data does not fault its way through storage before a slow gather reveals it.
@@ -253,7 +257,9 @@ mod tests {
         let core = &dense.core;
         let from_file: Vec<_> = (0..n as u64).map(|i| core.entry(i).unwrap()).collect();
         assert!(!core.index.copied());
-        Store::from(dense.clone()).set_cold(true);
+        // A gather as slow as storage turns cold mode on, and the copy starts when it ends.
+        core.observe(1, rb, std::time::Duration::from_secs(1));
+        assert!(core.residency.cold.load(Ordering::Relaxed));
         wait_copied(&core.index);
         let on_disk = std::fs::read(path.join(crate::store::format::INDEX)).unwrap();
         assert_eq!(core.index.bytes().unwrap(), &on_disk[..], "the copy is the file");
@@ -277,6 +283,7 @@ mod tests {
         w.finish().unwrap();
         let ragged = RaggedStore::open(&path).unwrap();
         Store::from(ragged.clone()).set_cold(true);
+        ragged.core.hold_metadata();
         wait_copied(&ragged.core.index);
         wait_copied(ragged.core.shapes.as_ref().unwrap());
         ragged.core.release_pages(true);
