@@ -121,6 +121,9 @@ class DistReader:
         self._recv: dict[str, list] = {}
         self._views: dict[str, SourceView] = {}
         self._bounds: dict[str, list[int]] = {}
+        # Per variable: None (ragged) or (dtype, bytes per row, item shape); what every get
+        # checks `out` against, looked up once.
+        self._layouts: dict[str, tuple | None] = {}
 
     @property
     def rank(self) -> int | None:
@@ -171,24 +174,40 @@ class DistReader:
         ``RaggedBatch`` (ragged), like a local view's ``gather``."""
         return self.view(name).gather(np.asarray(ids, dtype=np.uint64) if not hasattr(ids, "__dlpack__") else ids)
 
-    def _check_out(self, name: str, out, n: int):
+    def _layout(self, name: str):
+        """None for a ragged variable, else (dtype, bytes per row, item shape) (cached)."""
+        try:
+            return self._layouts[name]
+        except KeyError:
+            pass
         v = self.view(name)
         if v.kind == "ragged":
+            layout = None
+        else:
+            dtype, shape = np.dtype(v.dtype), tuple(v.item_shape)
+            layout = (dtype, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, shape)
+        self._layouts[name] = layout
+        return layout
+
+    def _check_out(self, name: str, out, n: int):
+        layout = self._layout(name)
+        if layout is None:
             if out is not None:
                 raise TypeError(f"'{name}' holds ragged records: pass out=None; the rows come back as a RaggedBatch")
             return None
-        arr = _host_array(out)
+        dtype, row, shape = layout
+        arr = out if type(out) is np.ndarray else _host_array(out)
         if arr.ndim == 0 or arr.shape[0] != n:
             raise ValueError(f"out has {arr.shape[0] if arr.ndim else 0} rows for {n} ids (out.shape[0] must equal len(ids))")
-        if not arr.flags.c_contiguous or not arr.flags.writeable:
+        flags = arr.flags
+        if not flags.c_contiguous or not flags.writeable:
             raise ValueError("out must be a writable C-contiguous buffer")
-        if np.dtype(v.dtype) != np.uint8 and arr.dtype != np.dtype(v.dtype):
-            raise TypeError(f"out is {arr.dtype}; '{name}' holds {v.dtype}")
-        row = int(np.prod(v.item_shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+        if arr.dtype != dtype and dtype != np.uint8:
+            raise TypeError(f"out is {arr.dtype}; '{name}' holds {dtype}")
         # Zero rows carry their width in the shape only (a 1-D empty buffer has none to check).
         got = arr.nbytes // n if n else (int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize if arr.ndim > 1 else row)
         if got != row:
-            raise ValueError(f"out rows are {got} bytes; rows of '{name}' are {row} bytes ({v.dtype} {tuple(v.item_shape)})")
+            raise ValueError(f"out rows are {got} bytes; rows of '{name}' are {row} bytes ({dtype} {shape})")
         return arr
 
     def get_batch(self, name: str, out, ids):
@@ -206,13 +225,18 @@ class DistReader:
             if arr is None:
                 return self.view(name).gather(np.empty(0, np.uint64))
             return out
-        if ids.dtype.kind not in "iu":
+        kind = ids.dtype.kind
+        if kind != "u" and kind != "i":
             raise TypeError(f"ids must be integers, got {ids.dtype}")
         arr = self._check_out(name, out, len(ids))
-        if ids.size and ids.dtype.kind == "i" and ids.min() < 0:
+        if kind == "i" and ids.min() < 0:
             raise IndexError(f"id {int(ids.min())} is negative")
         if arr is None:
             return self.view(name).gather(ids.astype(np.uint64, copy=False))
+        return self._into(name, out, arr, ids)
+
+    def _into(self, name: str, out, arr: np.ndarray, ids: np.ndarray):
+        """Rows `ids` (checked integers) into `arr` (checked against the variable)."""
         wins = getattr(self, "_wins", None)
         if wins and name in wins:
             self._mpi_get(name, arr, ids)
@@ -226,7 +250,7 @@ class DistReader:
     def get(self, name: str, out, start: int = 0):
         """``len(out)`` consecutive rows from global row ``start`` into ``out``; the range must
         lie within one rank's shard (``ValueError`` naming the shards otherwise)."""
-        n = _host_array(out).shape[0] if out is not None else 0
+        n = (out if type(out) is np.ndarray else _host_array(out)).shape[0] if out is not None else 0
         bounds = self._bounds_of(name)
         total = bounds[-1]
         if start < 0 or start + n > total:
@@ -234,7 +258,10 @@ class DistReader:
         r = bisect.bisect_right(bounds, start) - 1
         if n and start + n > bounds[r + 1]:
             raise ValueError(f"rows {start}..{start + n} of '{name}' span ranks {r} and {r + 1} (rank {r} holds {int(bounds[r])}..{int(bounds[r + 1])}); get() reads within one shard, use get_batch()")
-        return self.get_batch(name, out, np.arange(start, start + n, dtype=np.uint64))
+        if n == 0 or out is None:
+            return self.get_batch(name, out, np.arange(start, start + n, dtype=np.uint64))
+        # In range (checked above): only `out` is left to check.
+        return self._into(name, out, self._check_out(name, out, n), np.arange(start, start + n, dtype=np.uint64))
 
     def register_recv(self, name: str, buf) -> None:
         """Register a reused destination for ``name`` (kept referenced until
@@ -266,6 +293,7 @@ class DistReader:
         self._recv.clear()
         self._views.clear()
         self._bounds.clear()
+        self._layouts.clear()
 
 
 class DistStore(DistReader):
@@ -382,6 +410,7 @@ class DistStore(DistReader):
         self._node.define(name, metas)
         self._views.pop(name, None)
         self._bounds.pop(name, None)
+        self._layouts.pop(name, None)
         return metas
 
     def _mpi_window(self, name: str, metas, rows):

@@ -274,8 +274,9 @@ impl tonic::codec::Encoder for ReplyCodec {
     }
 
     fn buffer_settings(&self) -> tonic::codec::BufferSettings {
-        // Each message is one frame of at most FLIGHT_DATA_BYTES of rows: send it whole.
-        tonic::codec::BufferSettings::new(64 << 10, 1)
+        // Small answers (the schema and a few rows) leave in one write, so a reader waiting
+        // for them wakes once; a message past 32 KiB is sent as soon as it is encoded.
+        tonic::codec::BufferSettings::new(64 << 10, 32 << 10)
     }
 }
 

@@ -22,6 +22,30 @@ pub fn build(name: &str, workers: Option<usize>, stack: Option<usize>) -> Result
     b.build().map_err(|e| Error::invalid("runtime", format!("cannot start the {name} runtime: {e}")))
 }
 
+/// A runtime without threads of its own (every driver enabled): its tasks and I/O make progress
+/// only while some thread blocks on it ([`drive`]), so a caller that waits on a request does the
+/// request's work itself, with no thread hand-off on either end of it.
+pub fn build_current(name: &str) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::invalid("runtime", format!("cannot start the {name} runtime: {e}")))
+}
+
+/// Run `f` to completion on `rt` from the calling thread (its spawned tasks and I/O with it).
+/// A caller inside a runtime cannot block on another one: there `f` runs on a scoped thread
+/// of its own while the caller waits.
+pub fn drive<F>(rt: &tokio::runtime::Runtime, f: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_err() {
+        return rt.block_on(f);
+    }
+    std::thread::scope(|s| match s.spawn(|| rt.block_on(f)).join() {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    })
+}
+
 /// The shared I/O runtime (2 threads, `zrecord-io`); callers block on it from any thread:
 /// rayon workers, DataFusion's runtime, Python threads.
 pub fn shared() -> &'static tokio::runtime::Runtime {

@@ -448,3 +448,48 @@ fn a_peer_answering_wrong_rows_is_an_error_naming_it() {
         assert_eq!(&out[9..], &[7, 7, 7]);
     }
 }
+
+/// A reader's runtime has no threads: whoever waits for an answer drives it. Threads sharing
+/// one reader take turns driving (each gets its own rows), and a gather from inside a tokio
+/// runtime (multi-threaded, current-thread, a blocking task: where DataFusion calls sources)
+/// is driven from a thread of its own. Batches mix this rank's rows (read in place) with
+/// two other ranks' (over Flight).
+#[test]
+fn gathers_from_many_threads_and_from_inside_runtimes_share_one_reader() {
+    let nodes = group(3, &opts(Transport::Flight));
+    let total = add_dense(&nodes, "x");
+    let reader = nodes[0].reader().clone();
+    let batch = |seed: u64, n: usize| -> Vec<u64> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 33) % total
+            })
+            .collect()
+    };
+    let check = |reader: &DistReader, ids: &[u64]| {
+        let b = gather(reader, "x", ids).unwrap();
+        assert_eq!(b.as_dense().unwrap().as_slice::<i64>().unwrap(), &want_dense(ids)[..], "ids {ids:?}");
+    };
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (reader, check, batch) = (&reader, &check, &batch);
+            s.spawn(move || {
+                for k in 0..150u64 {
+                    check(reader, &batch(t * 1000 + k, 1 + (k as usize % 17)));
+                }
+            });
+        }
+    });
+    let ids = batch(7, 33);
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    multi.block_on(async { check(&reader, &ids) });
+    let r2 = reader.clone();
+    let ids2 = ids.clone();
+    multi.block_on(async move { tokio::task::spawn_blocking(move || check(&r2, &ids2)).await.unwrap() });
+    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    current.block_on(async { check(&reader, &ids) });
+    let p = reader.profile("x").unwrap();
+    assert!(p.requests >= 600, "{p:?}");
+}

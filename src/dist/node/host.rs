@@ -41,8 +41,11 @@ pub(super) fn first_ipv4() -> Option<String> {
     found
 }
 
-/// A tokio runtime owned by one process: a forked child that inherits it never touches it
-/// (its threads do not exist there), it leaks it instead of joining threads that never end.
+/// A tokio runtime owned by one process, without threads of its own: a reader's requests
+/// and their connections make progress while the thread waiting for them drives it
+/// ([`Rt::drive`]), so a request costs no hand-off to a runtime thread and back. A forked
+/// child that inherits it never touches it (its connections belong to the parent); it leaks
+/// it instead of shutting down what the parent owns.
 pub(super) struct Rt {
     pub(super) rt: Option<tokio::runtime::Runtime>,
     pub(super) pid: u32,
@@ -50,7 +53,7 @@ pub(super) struct Rt {
 
 impl Rt {
     pub(super) fn new(name: &str) -> Result<Rt> {
-        let rt = crate::io::runtime::build(name, Some(2), None)?;
+        let rt = crate::io::runtime::build_current(name)?;
         Ok(Rt { rt: Some(rt), pid: std::process::id() })
     }
 
@@ -64,14 +67,13 @@ impl Rt {
         }
     }
 
-    /// Run `f` on the runtime and wait for it from any thread (also inside another runtime).
-    pub(super) fn block<F>(&self, f: F) -> Result<F::Output>
+    /// Run `f` with the runtime from the calling thread (also inside another runtime).
+    pub(super) fn drive<F>(&self, f: F) -> Result<F::Output>
     where
-        F: std::future::Future + Send + 'static,
-        F::Output: Send + 'static,
+        F: std::future::Future + Send,
+        F::Output: Send,
     {
-        let h = self.handle()?.spawn(f);
-        futures::executor::block_on(h).map_err(|e| Error::invalid("task", format!("a distributed-store task failed: {e}")))
+        Ok(crate::io::runtime::drive(self.handle()?, f))
     }
 }
 

@@ -13,8 +13,14 @@ pub struct DistNode {
     pub(super) owned: Mutex<HashMap<String, Arc<SharedRows>>>,
     pub(super) reader: DistReader,
     pub(super) endpoint: Endpoint,
-    pub(super) stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// One stop signal per server thread.
+    pub(super) stop: Mutex<Vec<tokio::sync::oneshot::Sender<()>>>,
 }
+
+/// Threads serving a rank's Flight server, each a runtime of its own accepting from the one
+/// listener: a request is read, answered and written by one thread, with no hand-off between
+/// runtime threads (a reader's connections to a rank spread over them).
+pub(super) const SERVER_THREADS: usize = PEER_CONNECTIONS;
 
 impl std::fmt::Debug for DistNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -31,17 +37,34 @@ impl DistNode {
         }
         let shards: Shards = Arc::default();
         let reader = DistReader::with(Some(rank), options.clone(), Some(shards.clone()))?;
-        let listener = reader.inner.rt.block(async { tokio::net::TcpListener::bind(("0.0.0.0", 0)).await })?.map_err(|e| Error::io("0.0.0.0:0", e))?;
+        let listener = std::net::TcpListener::bind(("0.0.0.0", 0)).map_err(|e| Error::io("0.0.0.0:0", e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
         let port = listener.local_addr().map_err(|e| Error::io("listener", e))?.port();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let service = ShardService { shards: shards.clone(), allocator: Allocator::default() };
-        reader.inner.rt.handle()?.spawn(flight::serve(service, listener, rx));
+        let mut stop = Vec::with_capacity(SERVER_THREADS);
+        for k in 0..SERVER_THREADS {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let listener = listener.try_clone().map_err(|e| Error::io("listener", e))?;
+            let service = ShardService { shards: shards.clone(), allocator: Allocator::default() };
+            let rt = crate::io::runtime::build_current("zrecord-serve")?;
+            std::thread::Builder::new()
+                .name(format!("zrecord-serve-{k}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        // Registered with this thread's runtime; the same socket in every thread.
+                        if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                            flight::serve(service, listener, rx).await;
+                        }
+                    })
+                })
+                .map_err(|e| Error::io("server thread", e))?;
+            stop.push(tx);
+        }
         let host = options.host.clone().or_else(|| std::env::var("ZRECORD_DIST_HOST").ok()).or_else(first_ipv4).unwrap_or_else(|| "127.0.0.1".into());
         let endpoint = Endpoint { rank, addr: format!("{host}:{port}"), host: host_key(), pid: std::process::id() };
         if let Some(f) = options.file(&format!("node.{rank}")) {
             write_atomic(&f, &serde_json::to_vec(&endpoint).map_err(|e| Error::invalid("endpoint", e.to_string()))?)?;
         }
-        Ok(DistNode { rank, size, shards, owned: Mutex::default(), reader, endpoint, stop: Mutex::new(Some(tx)) })
+        Ok(DistNode { rank, size, shards, owned: Mutex::default(), reader, endpoint, stop: Mutex::new(stop) })
     }
 
     /// This rank.
@@ -135,8 +158,10 @@ impl DistNode {
 
     /// Stop serving and drop every shard and connection. Idempotent.
     pub fn free(&self) {
-        if let Some(tx) = self.stop.lock().ok().and_then(|mut s| s.take()) {
-            let _ = tx.send(());
+        if let Ok(mut stop) = self.stop.lock() {
+            for tx in stop.drain(..) {
+                let _ = tx.send(());
+            }
         }
         self.reader.clear();
         if let Ok(mut s) = self.shards.write() {

@@ -36,6 +36,10 @@ pub(super) struct Arrival {
     pub(super) done: Option<std::result::Result<u64, (String, bool)>>,
 }
 
+/// Scheduler turns a gather gives its requests' tasks to reach the wire before it reads its
+/// local rows (a task hands its request to the connection's, which writes it).
+const REQUEST_YIELDS: usize = 3;
+
 /// A request in flight: the owner, the positions of its ids in the owner's group, rows placed.
 pub(super) struct InFlight {
     pub(super) rank: usize,
@@ -121,11 +125,15 @@ impl DistSource {
 
     /// Start the requests to remote owners, then read local and same-host shards with
     /// `local`, then hand each remote answer to `remote`. Returns the rows handled.
+    ///
+    /// The calling thread does the requests' work: it drives the reader's runtime (the
+    /// requests, their connections' I/O and the placing of each answer) until the last answer
+    /// is in, so a request's round trip has no thread hand-off on this side.
     pub(super) fn run(
         &self,
         groups: &[Group],
-        mut local: impl FnMut(usize, &Route, &Group) -> Result<()>,
-        mut remote: impl FnMut(usize, std::ops::Range<usize>, Received) -> Result<()>,
+        mut local: impl FnMut(usize, &Route, &Group) -> Result<()> + Send,
+        mut remote: impl FnMut(usize, std::ops::Range<usize>, Received) -> Result<()> + Send,
     ) -> Result<()> {
         let routes: Vec<Arc<Route>> = self.var.routes.read().map_err(lock_err)?.clone();
         // Remote requests first, so they are in flight while local shards are read.
@@ -137,6 +145,49 @@ impl DistSource {
             }
         }
         drop(tx);
+        if inflight.is_empty() {
+            return self.read_local(groups, &routes, &mut local);
+        }
+        self.reader.inner.rt.drive(async {
+            // The requests' tasks write them to their connections before the local reads
+            // keep this thread (the runtime's only one) busy.
+            for _ in 0..REQUEST_YIELDS {
+                tokio::task::yield_now().await;
+            }
+            self.read_local(groups, &routes, &mut local)?;
+            let t1 = Instant::now();
+            // Answers are placed as their messages arrive, in whatever order the owners send them.
+            let (ragged, rb) = (matches!(self.var.layout, Layout::Ragged { .. }), self.row_bytes());
+            let mut open = inflight.len();
+            while open > 0 {
+                let a = rx.recv().await.ok_or_else(|| Error::invalid("gather", format!("a request for '{}' ended without an answer", self.var.name)))?;
+                let f = &mut inflight[a.req];
+                if let Some(b) = a.batch {
+                    let got = flight::received(b, ragged, rb).map_err(|m| self.peer_error(f.rank, m, false))?;
+                    let n = got.rows(rb);
+                    if f.placed + n > f.range.len() {
+                        return Err(self.peer_error(f.rank, format!("answered more than the {} rows asked", f.range.len()), false));
+                    }
+                    let at = f.range.start + f.placed;
+                    remote(f.rank, at..at + n, got)?;
+                    f.placed += n;
+                }
+                if let Some(done) = a.done {
+                    let ns = done.map_err(|(m, t)| self.peer_error(f.rank, m, t))?;
+                    self.var.counters.transfer_ns.fetch_add(ns, Ordering::Relaxed);
+                    if f.placed != f.range.len() {
+                        return Err(self.peer_error(f.rank, format!("answered {} rows for {} ids", f.placed, f.range.len()), false));
+                    }
+                    open -= 1;
+                }
+            }
+            self.var.counters.wait_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            Ok(())
+        })?
+    }
+
+    /// Read every local and same-host shard's rows of `groups` with `local`.
+    fn read_local(&self, groups: &[Group], routes: &[Arc<Route>], local: &mut impl FnMut(usize, &Route, &Group) -> Result<()>) -> Result<()> {
         let t0 = Instant::now();
         for (r, g) in groups.iter().enumerate() {
             if g.ids.is_empty() {
@@ -151,34 +202,7 @@ impl DistSource {
             }
             local(r, &routes[r], g)?;
         }
-        let t1 = Instant::now();
-        self.var.counters.local_ns.fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
-        // Answers are placed as their messages arrive, in whatever order the owners send them.
-        let (ragged, rb) = (matches!(self.var.layout, Layout::Ragged { .. }), self.row_bytes());
-        let mut open = inflight.len();
-        while open > 0 {
-            let a = futures::executor::block_on(rx.recv()).ok_or_else(|| Error::invalid("gather", format!("a request for '{}' ended without an answer", self.var.name)))?;
-            let f = &mut inflight[a.req];
-            if let Some(b) = a.batch {
-                let got = flight::received(b, ragged, rb).map_err(|m| self.peer_error(f.rank, m, false))?;
-                let n = got.rows(rb);
-                if f.placed + n > f.range.len() {
-                    return Err(self.peer_error(f.rank, format!("answered more than the {} rows asked", f.range.len()), false));
-                }
-                let at = f.range.start + f.placed;
-                remote(f.rank, at..at + n, got)?;
-                f.placed += n;
-            }
-            if let Some(done) = a.done {
-                let ns = done.map_err(|(m, t)| self.peer_error(f.rank, m, t))?;
-                self.var.counters.transfer_ns.fetch_add(ns, Ordering::Relaxed);
-                if f.placed != f.range.len() {
-                    return Err(self.peer_error(f.rank, format!("answered {} rows for {} ids", f.placed, f.range.len()), false));
-                }
-                open -= 1;
-            }
-        }
-        self.var.counters.wait_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.var.counters.local_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
     }
 
